@@ -1,0 +1,256 @@
+"""The `Primitives` protocol: the few operations the Executor runs on a backend.
+
+A backend (the onnxruntime fake, the onnxruntime decoder, TensorRT) implements
+``_forward_impl``, ``_verify_sample_impl``, ``_truncate_impl`` and
+``_release_impl``; :class:`PrimitivesBase` checks every call's shapes, dtypes and
+ranges once, at this seam, so no two backends can disagree about what counts as
+bad input. A refused call raises :class:`~sf_trt.abi.StatusError` and changes
+nothing.
+
+State model (the same on every backend). Each lane *slot* ``0 <= s < max_lanes``
+holds the model state of positions ``0 .. state_len(s) - 1`` (the fake: token
+history; a decoder: its KV cache). A forward pass writes the state of the rows it
+is given and must start each lane exactly at ``state_len``; rolling back is
+``truncate(s, length)``: the length moves back and rows past it are dead, to be
+overwritten by the next pass (gpt-fast's cursor, not a copy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from .abi import Sampling, Status, StatusError
+
+__all__ = ["Capabilities", "Rows", "SampleRows", "PrimitivesBase"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; the Executor and strategy registration read it."""
+
+    vocab: int
+    eos: int
+    """The model's end-of-sequence token."""
+    max_lanes: int
+    max_context: int
+    """Positions a lane's state holds: a lane's prompt plus output is at most this long."""
+    max_rows_per_pass: int
+    verify_rows: bool
+    """A pass returns a logit row at every position asked for, not only each lane's last."""
+    truncate_partial: bool
+    """State can be rolled back to any prefix, not only emptied."""
+    kernel_capabilities: int = 0
+    """Bitmask of optional kernel capabilities on offer (0: none)."""
+    top_k_limit: int = 1024
+    """The largest ``top_k`` the verify-and-sample graph supports."""
+
+
+def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise StatusError(
+            Status.BAD_ARGUMENT, f"{op}: {name} must be a 1-D integer array (got dtype {arr.dtype}, shape {arr.shape})"
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """The packed rows of one forward pass, lanes in any order.
+
+    Shapes: ``lanes``, ``positions``, ``tokens``: ``[R]`` int64 (slot, absolute
+    position, token id); ``logit_rows``: ``[K]`` int64 indices into the R rows
+    whose logits the pass returns, in that order. A lane's rows are consecutive
+    positions starting at its ``state_len``, in ascending order.
+    """
+
+    lanes: np.ndarray
+    positions: np.ndarray
+    tokens: np.ndarray
+    logit_rows: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.lanes.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleRows:
+    """Per-logit-row sampling inputs to verify-and-sample, each ``[K]``.
+
+    ``mode``: :class:`~sf_trt.abi.Sampling` value; ``temperature``/``top_p``
+    float32; ``top_k`` int64 (0: off); ``rng_key``: the lane's
+    ``rng_counter_base``; ``position``: absolute position of the token being
+    drawn; ``draft``: the draft token proposed at that position, or -1.
+    """
+
+    mode: np.ndarray
+    temperature: np.ndarray
+    top_p: np.ndarray
+    top_k: np.ndarray
+    rng_key: np.ndarray
+    position: np.ndarray
+    draft: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.mode.shape[0])
+
+    @staticmethod
+    def empty() -> "SampleRows":
+        z = np.zeros(0, np.int64)
+        f = np.zeros(0, np.float32)
+        return SampleRows(z, f, f, z, z, z, z)
+
+
+class PrimitivesBase:
+    """Validates every call once, then runs the backend's ``*_impl``.
+
+    Subclasses set ``self.capabilities`` and implement the four ``_*_impl``
+    methods; they keep ``self._state_len`` (int64 ``[max_lanes]``) in step via
+    this class, which updates it after a successful forward or truncate.
+    """
+
+    capabilities: Capabilities
+
+    def __init__(self, capabilities: Capabilities) -> None:
+        self.capabilities = capabilities
+        self._state_len = np.zeros(capabilities.max_lanes, np.int64)
+
+    # -- the protocol -------------------------------------------------------
+
+    def forward(self, rows: Rows) -> Any:
+        """Run one pass over ``rows``; return logits ``[K, vocab]`` float32 for
+        ``rows.logit_rows`` (a backend array: numpy on the CPU, device memory
+        on TensorRT; hand it to :meth:`verify_sample` or read it with
+        :meth:`logits_host`)."""
+        lanes, positions, tokens, logit_rows = self._check_rows(rows)
+        out = self._forward_impl(Rows(lanes, positions, tokens, logit_rows))
+        if lanes.size:
+            np.maximum.at(self._state_len, lanes, positions + 1)
+        return out
+
+    def verify_sample(self, logits: Any, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
+        """Draw one token per logit row and compare it with that row's draft.
+
+        Returns ``(tokens [K] int64, match [K] bool)``, ``match[i]`` being
+        ``tokens[i] == sample.draft[i]``. The token drawn depends only on the
+        row's logits and its sampling inputs, never on the other rows.
+        """
+        self._check_sample(logits, sample)
+        return self._verify_sample_impl(logits, sample)
+
+    def truncate(self, lane: int, length: int) -> None:
+        """Roll lane ``lane``'s state back to ``length`` positions."""
+        self._check_lane("truncate", lane)
+        current = int(self._state_len[lane])
+        if not 0 <= length <= current:
+            raise StatusError(
+                Status.BAD_ARGUMENT, f"truncate(lane={lane}): length {length} outside 0..{current} (the state's length)"
+            )
+        if length not in (0, current) and not self.capabilities.truncate_partial:
+            raise StatusError(
+                Status.UNSUPPORTED, f"truncate(lane={lane}): this backend cannot roll back to a prefix ({length} of {current})"
+            )
+        self._truncate_impl(lane, length)
+        self._state_len[lane] = length
+
+    def release(self, lane: int) -> None:
+        """Free slot ``lane``: its state is empty afterwards."""
+        self._check_lane("release", lane)
+        self._release_impl(lane)
+        self._state_len[lane] = 0
+
+    def state_len(self, lane: int) -> int:
+        """Positions of state lane ``lane`` holds."""
+        self._check_lane("state_len", lane)
+        return int(self._state_len[lane])
+
+    def logits_host(self, logits: Any) -> np.ndarray:
+        """Logits as a host numpy array ``[K, vocab]`` float32."""
+        return np.asarray(logits)
+
+    def close(self) -> None:
+        """Release the backend's sessions and buffers; the object is unusable after."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- what backends implement ---------------------------------------------
+
+    def _forward_impl(self, rows: Rows) -> Any:
+        raise NotImplementedError
+
+    def _verify_sample_impl(self, logits: Any, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _truncate_impl(self, lane: int, length: int) -> None:
+        raise NotImplementedError
+
+    def _release_impl(self, lane: int) -> None:
+        self._truncate_impl(lane, 0)
+
+    # -- checks ----------------------------------------------------------------
+
+    def _check_lane(self, op: str, lane: int) -> None:
+        if not 0 <= int(lane) < self.capabilities.max_lanes:
+            raise StatusError(
+                Status.BAD_ARGUMENT, f"{op}(lane={lane}): slot outside 0..{self.capabilities.max_lanes - 1}"
+            )
+
+    def _check_rows(self, rows: Rows) -> tuple[np.ndarray, ...]:
+        caps = self.capabilities
+        lanes = _int_rows("lanes", rows.lanes, "forward")
+        positions = _int_rows("positions", rows.positions, "forward")
+        tokens = _int_rows("tokens", rows.tokens, "forward")
+        logit_rows = _int_rows("logit_rows", rows.logit_rows, "forward")
+        n = lanes.shape[0]
+
+        def bad(status: Status, what: str) -> StatusError:
+            return StatusError(status, f"forward: {what}")
+
+        if positions.shape[0] != n or tokens.shape[0] != n:
+            raise bad(Status.BAD_ARGUMENT, f"lanes, positions, tokens differ in length ({n}, {positions.shape[0]}, {tokens.shape[0]})")
+        if n > caps.max_rows_per_pass:
+            raise bad(Status.CAPACITY_EXHAUSTED, f"{n} rows exceed max_rows_per_pass {caps.max_rows_per_pass}")
+        if n and (lanes.min() < 0 or lanes.max() >= caps.max_lanes):
+            raise bad(Status.BAD_ARGUMENT, f"lane slot outside 0..{caps.max_lanes - 1} (got {lanes.min()}..{lanes.max()})")
+        if n and (tokens.min() < 0 or tokens.max() >= caps.vocab):
+            raise bad(Status.TOKEN_OUT_OF_VOCAB, f"token outside 0..{caps.vocab - 1} (got {tokens.min()}..{tokens.max()})")
+        if n and (positions.min() < 0 or positions.max() >= caps.max_context):
+            raise bad(Status.CAPACITY_EXHAUSTED, f"position outside 0..{caps.max_context - 1} (got {positions.min()}..{positions.max()})")
+        if logit_rows.size and (logit_rows.min() < 0 or logit_rows.max() >= n):
+            raise bad(Status.BAD_ARGUMENT, f"logit_rows outside 0..{n - 1}")
+        # Each lane's rows: ascending, consecutive, starting at its state length.
+        expected = self._state_len.copy()
+        for lane, pos in zip(lanes.tolist(), positions.tolist()):
+            if pos != expected[lane]:
+                raise bad(
+                    Status.BAD_ARGUMENT,
+                    f"lane {lane} row at position {pos}, expected {int(expected[lane])} (rows of a lane are consecutive from its state length)",
+                )
+            expected[lane] = pos + 1
+        if not caps.verify_rows and logit_rows.size:
+            wanted = lanes[logit_rows]
+            if np.unique(wanted).size != wanted.size or np.any(positions[logit_rows] != expected[wanted] - 1):
+                raise bad(Status.UNSUPPORTED, "this backend returns logits only at each lane's last row (verify_rows=False)")
+        return lanes, positions, tokens, logit_rows
+
+    def _check_sample(self, logits: Any, sample: SampleRows) -> None:
+        k = sample.num_rows
+        shape = tuple(getattr(logits, "shape", ()))
+        if shape != (k, self.capabilities.vocab):
+            raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: logits shape {shape}, expected ({k}, {self.capabilities.vocab})")
+        for field in dataclasses.fields(SampleRows):
+            arr = getattr(sample, field.name)
+            if arr.shape != (k,):
+                raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: {field.name} shape {arr.shape}, expected ({k},)")
+        modes = {int(m) for m in np.unique(sample.mode)}
+        if not modes <= {int(s) for s in Sampling}:
+            raise StatusError(Status.BAD_SAMPLING_MODE, f"verify_sample: unknown sampling mode in {sorted(modes)}")
