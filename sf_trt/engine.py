@@ -1,0 +1,192 @@
+"""The plan-tick engine's data: plans (pure data), events, token rings.
+
+A *plan* is what one tick should do: admit lanes, prefill prompt chunks, decode
+``n`` tokens per lane, release lanes. It is built with a fluent builder and holds
+nothing but data; the Executor checks the whole plan against its lanes before
+anything runs (:mod:`sf_trt.executor`). A tick answers with :class:`Events`: one
+:class:`Emit` per lane the plan touched, whose tokens sit in that lane's
+:class:`TokenRing` behind a :class:`TokenRef`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Union
+
+import numpy as np
+
+from .abi import Finish, Sampling, SamplingParams, Status, StatusError
+
+__all__ = [
+    "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
+    "TokenRef", "TokenRing", "SpecCounts", "Emit", "Events",
+]
+
+
+# -- plans -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Admit:
+    lane: int
+    prompt: int
+    strategy_slot: int = 0
+    sampling: Sampling = Sampling.GPU_GREEDY
+    params: SamplingParams = SamplingParams()
+    rng_counter_base: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+    lane: int
+    start: int
+    length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Decode:
+    lane: int
+    n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """End a lane now (``Finish.ABORTED`` unless it finished in this tick)."""
+
+    lane: int
+
+
+Op = Union[Admit, Prefill, Decode, Release]
+
+
+class Plan:
+    """A fluent builder of one tick's ops; each method returns the builder."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def admit(
+        self,
+        lane: int,
+        prompt: int,
+        *,
+        strategy_slot: int = 0,
+        sampling: Sampling = Sampling.GPU_GREEDY,
+        params: SamplingParams = SamplingParams(),
+        rng_counter_base: int = 0,
+    ) -> "Plan":
+        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base))
+        return self
+
+    def prefill(self, lane: int, start: int, length: int) -> "Plan":
+        self.ops.append(Prefill(lane, start, length))
+        return self
+
+    def decode(self, lane: int, n: int) -> "Plan":
+        self.ops.append(Decode(lane, n))
+        return self
+
+    def release(self, lane: int) -> "Plan":
+        self.ops.append(Release(lane))
+        return self
+
+    def __repr__(self) -> str:
+        return f"Plan({self.ops!r})"
+
+
+# -- token rings -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenRef:
+    """``length`` tokens of ring ``ring`` from absolute offset ``offset``."""
+
+    ring: int
+    offset: int
+    length: int
+
+
+class TokenRing:
+    """A fixed-capacity ring of emitted tokens with wraparound.
+
+    Offsets are absolute (they only grow), so a reference whose tokens have been
+    overwritten is detected and refused instead of read as someone else's.
+    """
+
+    def __init__(self, ring_id: int, capacity: int) -> None:
+        self.ring_id = ring_id
+        self.capacity = capacity
+        self._buf = np.zeros(capacity, np.int64)
+        self.written = 0  # total tokens ever written
+
+    def write(self, tokens: list[int]) -> TokenRef:
+        n = len(tokens)
+        if n > self.capacity:
+            raise StatusError(Status.CAPACITY_EXHAUSTED, f"ring {self.ring_id}: {n} tokens exceed capacity {self.capacity}")
+        start = self.written % self.capacity
+        first = min(n, self.capacity - start)
+        self._buf[start : start + first] = tokens[:first]
+        self._buf[: n - first] = tokens[first:]
+        ref = TokenRef(self.ring_id, self.written, n)
+        self.written += n
+        return ref
+
+    def read(self, ref: TokenRef) -> list[int]:
+        if ref.ring != self.ring_id:
+            raise StatusError(Status.BAD_ARGUMENT, f"ring {self.ring_id}: reference is for ring {ref.ring}")
+        if ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > self.written:
+            raise StatusError(
+                Status.BAD_ARGUMENT, f"ring {self.ring_id}: {ref} reaches past the {self.written} tokens written"
+            )
+        if ref.offset < self.written - self.capacity:
+            raise StatusError(
+                Status.BAD_ARGUMENT,
+                f"ring {self.ring_id}: {ref} was overwritten (the ring keeps the last {self.capacity} tokens)",
+            )
+        idx = (np.arange(ref.offset, ref.offset + ref.length) % self.capacity) if ref.length else np.zeros(0, np.int64)
+        return self._buf[idx].tolist()
+
+
+# -- events ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecCounts:
+    """Draft tokens sent for verification, and those verified and emitted."""
+
+    proposed: int = 0
+    accepted: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Emit:
+    """What one lane did in one tick."""
+
+    lane: int
+    token_ref: TokenRef
+    finish: Finish
+    spec: SpecCounts
+    passes: int = 0
+    """Decode passes (forward + verify) this lane took part in during the tick."""
+
+
+class Events:
+    """A tick's emits, one per lane the plan touched."""
+
+    def __init__(self, emits: dict[int, Emit]) -> None:
+        self._emits = emits
+
+    def emit_for(self, lane: int) -> Emit:
+        try:
+            return self._emits[lane]
+        except KeyError:
+            raise KeyError(f"emit_for(lane={lane}): no emit in this tick (lanes: {sorted(self._emits)})") from None
+
+    def __iter__(self) -> Iterator[Emit]:
+        return iter(self._emits.values())
+
+    def __len__(self) -> int:
+        return len(self._emits)
+
+    def __contains__(self, lane: int) -> bool:
+        return lane in self._emits

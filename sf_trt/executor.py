@@ -1,0 +1,502 @@
+"""The Executor: runs plan ticks on primitives, with exact prompt-lookup speculation.
+
+A tick reads like the design::
+
+    check(plan)            the whole plan against the lanes, before anything runs
+    admit / prefill        slots taken; prompt chunks forwarded in packed passes
+    decode steps           each step: one forward over every decoding lane's rows,
+                           one verify-and-sample pass, accept, roll back
+    emit / release         one emit per lane touched; finished lanes freed
+
+State model ("pending token"): a lane's tokens are its prompt then what it
+emitted; the last one is *pending*: drawn (or the last prompt token) but not yet
+forwarded, so the backend's state holds ``len(tokens) - 1`` positions once the
+prompt is prefilled. A decode step forwards the pending token plus a draft as
+rows; row ``i`` draws the token at position ``pending + i + 1``.
+
+Accept and roll back, one lane, draft of k = 4, the first 2 taken::
+
+    positions   p      p+1    p+2    p+3    p+4
+    rows        tok    d0     d1     d2     d3        forwarded this step
+    drawn       t0     t1     t2     t3     t4        t_i drawn at position p+i+1
+    match       t0=d0  t1=d1  t2!=d2                  a = 2 leading matches
+    emitted     d0     d1     t2                      a + 1 tokens (t0=d0, t1=d1)
+    state       [committed.....]|[rejected.....]
+                p .. p+a  (= p+2) | p+3, p+4: dead, truncate(slot, p + a + 1)
+
+The token at each position is drawn from the same logits row (rows are
+bit-identical however a pass is packed) with the same RNG key (the lane's
+``rng_counter_base`` and the position), so a step emits exactly what the same
+number of plain steps would have emitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import numpy as np
+
+from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from .drafting import PromptLookupDrafter
+from .engine import Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenRef, TokenRing
+from .primitives import PrimitivesBase, Rows, SampleRows
+from .strategies import Certificate, Grant, make_grant
+
+__all__ = ["Executor", "ExecutorConfig"]
+
+_U32 = 2**32
+_I63 = 2**63
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorConfig:
+    """How the executor runs its ticks.
+
+    ``ring_capacity``: tokens each lane's output ring holds (and the most one
+    ``decode`` may ask for). ``max_prefill_rows``: rows per prefill pass (None:
+    the backend's ``max_rows_per_pass``).
+    """
+
+    ring_capacity: int = 4096
+    max_prefill_rows: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.ring_capacity < 1:
+            raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: ring_capacity must be >= 1 (got {self.ring_capacity})")
+        if self.max_prefill_rows is not None and self.max_prefill_rows < 1:
+            raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: max_prefill_rows must be >= 1 (got {self.max_prefill_rows})")
+
+
+@dataclasses.dataclass(eq=False)
+class _Lane:
+    """One admitted lane. Invariant: the backend holds ``committed_len`` positions."""
+
+    lane_id: int
+    slot: int
+    prompt_len: int
+    sampling: Sampling
+    params: SamplingParams
+    rng_counter_base: int
+    grant: Optional[Grant]
+    drafter: Optional[PromptLookupDrafter]
+    tokens: list[int]
+    prefilled_len: int = 0
+    finish: Finish = Finish.NONE
+
+    @property
+    def emitted_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled_len == self.prompt_len
+
+    @property
+    def committed_len(self) -> int:
+        """Positions the backend's state holds: everything but the pending token."""
+        return min(self.prefilled_len, self.prompt_len - 1) + self.emitted_len
+
+
+@dataclasses.dataclass
+class _Checked:
+    """A plan that passed the check, sorted into the tick's phases."""
+
+    admits: list[Admit]
+    prefills: list[Prefill]
+    decodes: dict[int, int]
+    releases: list[int]
+    touched: list[int]
+
+
+@dataclasses.dataclass
+class _TickOut:
+    """What each lane produced during the tick."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    proposed: int = 0
+    accepted: int = 0
+    passes: int = 0
+
+
+class Executor:
+    """Runs plan ticks on a :class:`~sf_trt.primitives.PrimitivesBase` backend."""
+
+    def __init__(self, primitives: PrimitivesBase, config: ExecutorConfig = ExecutorConfig()) -> None:
+        caps = primitives.capabilities
+        if caps.max_rows_per_pass < caps.max_lanes:
+            raise StatusError(
+                Status.BAD_ARGUMENT,
+                f"Executor: the backend's max_rows_per_pass {caps.max_rows_per_pass} is below its max_lanes {caps.max_lanes}",
+            )
+        self.primitives = primitives
+        self.config = config
+        self.caps = caps
+        self._lanes: dict[int, _Lane] = {}
+        self._free_slots: list[int] = list(range(caps.max_lanes - 1, -1, -1))
+        self._rings = [TokenRing(slot, config.ring_capacity) for slot in range(caps.max_lanes)]
+        self._prompts: dict[int, np.ndarray] = {}
+        self._next_prompt = 1
+        self._grants: dict[int, Grant] = {}
+        self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
+
+    # -- registration and prompts ---------------------------------------------------
+
+    def register_strategy(
+        self,
+        kind: str,
+        strategy_id: bytes,
+        config_digest: bytes,
+        kernel_capability: int = 0,
+        config: Any = None,
+    ) -> tuple[int, list[Certificate]]:
+        """Register a speculation strategy; ``(slot, certificates)`` or REGISTRATION_REFUSED."""
+        for grant in self._grants.values():
+            if (grant.kind.name, grant.strategy_id, grant.config_digest, grant.kernel_capability) == (
+                kind, bytes(strategy_id), bytes(config_digest), kernel_capability,
+            ) and (config is None or config == grant.config):
+                return grant.slot, list(grant.certs)
+        grant = make_grant(len(self._grants) + 1, kind, self.caps, strategy_id, config_digest, kernel_capability, config)
+        self._grants[grant.slot] = grant
+        return grant.slot, list(grant.certs)
+
+    def register_prompt(self, tokens: Any) -> int:
+        """Store a prompt; its id is what ``Plan.admit`` takes."""
+        arr = np.asarray(tokens)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise StatusError(Status.BAD_ARGUMENT, f"prompt: tokens must be a 1-D sequence of ints (got dtype {arr.dtype}, shape {arr.shape})")
+        if arr.size == 0:
+            raise StatusError(Status.EMPTY_PROMPT, "prompt: no tokens (a lane needs at least one)")
+        bad = np.flatnonzero((arr < 0) | (arr >= self.caps.vocab))
+        if bad.size:
+            i = int(bad[0])
+            raise StatusError(
+                Status.TOKEN_OUT_OF_VOCAB,
+                f"prompt: token {int(arr[i])} at index {i} is outside the vocabulary 0..{self.caps.vocab - 1}",
+            )
+        if arr.size > self.caps.max_context - 1:
+            raise StatusError(
+                Status.PROMPT_TOO_LONG,
+                f"prompt: {arr.size} tokens leave no room to generate in a context of {self.caps.max_context}",
+            )
+        prompt = arr.astype(np.int64)
+        prompt.setflags(write=False)
+        pid = self._next_prompt
+        self._next_prompt += 1
+        self._prompts[pid] = prompt
+        return pid
+
+    def drop_prompt(self, prompt_id: int) -> None:
+        """Forget a stored prompt (lanes already admitted with it keep their copy)."""
+        if self._prompts.pop(prompt_id, None) is None:
+            raise StatusError(Status.UNKNOWN_PROMPT, f"drop_prompt({prompt_id}): no such prompt")
+
+    def read_tokens(self, ref: TokenRef) -> list[int]:
+        """The tokens behind an emit's ``token_ref``."""
+        if not 0 <= ref.ring < len(self._rings):
+            raise StatusError(Status.BAD_ARGUMENT, f"read_tokens: no ring {ref.ring} (rings 0..{len(self._rings) - 1})")
+        return self._rings[ref.ring].read(ref)
+
+    @property
+    def lanes(self) -> list[int]:
+        """Ids of the admitted lanes."""
+        return sorted(self._lanes)
+
+    def lane_tokens(self, lane: int) -> list[int]:
+        """A live lane's prompt and emitted tokens."""
+        if lane not in self._lanes:
+            raise StatusError(Status.UNKNOWN_LANE, f"lane_tokens(lane={lane}): lane not admitted (admitted: {self.lanes})")
+        return list(self._lanes[lane].tokens)
+
+    # -- the tick ---------------------------------------------------------------------
+
+    def tick(self, plan: Plan) -> Events:
+        """Run one plan. Refused plans raise :class:`StatusError` and change nothing."""
+        checked = self._check(plan)
+        out = {lane: _TickOut() for lane in checked.touched}
+        for op in checked.admits:
+            self._admit(op)
+        self._prefill(checked.prefills)
+        self._decode({self._lanes[lane]: n for lane, n in checked.decodes.items()}, out)
+        for lane in checked.releases:
+            if self._lanes[lane].finish == Finish.NONE:
+                self._lanes[lane].finish = Finish.ABORTED
+        events = self._emit(checked.touched, out)
+        self._release_finished(checked.touched)
+        return events
+
+    # -- check: the whole plan, before anything runs ---------------------------------------
+
+    def _check(self, plan: Plan) -> _Checked:
+        if not isinstance(plan, Plan):
+            raise StatusError(Status.BAD_ARGUMENT, f"tick: expected a Plan (got {type(plan).__name__})")
+        # Shadow of each lane the plan touches: [prompt_len, prefilled_len, decoded, released].
+        shadow: dict[int, list] = {}
+        checked = _Checked([], [], {}, [], [])
+        free = len(self._free_slots)
+
+        def lane_of(op_name: str, lane: Any) -> list:
+            if isinstance(lane, bool) or not isinstance(lane, (int, np.integer)) or not 0 <= lane < _U32:
+                raise StatusError(Status.BAD_ARGUMENT, f"{op_name}(lane={lane!r}): lane ids are ints in 0..2**32-1")
+            lane = int(lane)
+            if lane not in shadow:
+                live = self._lanes.get(lane)
+                if live is None:
+                    raise StatusError(Status.UNKNOWN_LANE, f"{op_name}(lane={lane}): lane not admitted (admitted: {self.lanes})")
+                shadow[lane] = [live.prompt_len, live.prefilled_len, False, False]
+                checked.touched.append(lane)
+            s = shadow[lane]
+            if s[3]:
+                raise StatusError(Status.DUPLICATE_OP, f"{op_name}(lane={lane}): the lane was released earlier in this plan")
+            return s
+
+        for op in plan.ops:
+            if isinstance(op, Admit):
+                free -= 1
+                self._check_admit(op, shadow, free)
+                shadow[int(op.lane)] = [len(self._prompts[op.prompt]), 0, False, False]
+                checked.touched.append(int(op.lane))
+                checked.admits.append(op)
+            elif isinstance(op, Prefill):
+                s = lane_of("prefill", op.lane)
+                name = f"prefill(lane={op.lane}, start={op.start}, length={op.length})"
+                if not isinstance(op.start, (int, np.integer)) or not isinstance(op.length, (int, np.integer)) or op.length < 1:
+                    raise StatusError(Status.PREFILL_OUT_OF_RANGE, f"{name}: start and length must be ints, length >= 1")
+                if op.start != s[1]:
+                    raise StatusError(Status.PREFILL_OUT_OF_ORDER, f"{name}: the lane has {s[1]} prompt tokens prefilled, the next chunk starts there")
+                if op.start + op.length > s[0]:
+                    raise StatusError(Status.PREFILL_OUT_OF_RANGE, f"{name}: past the prompt's {s[0]} tokens")
+                s[1] += int(op.length)
+                checked.prefills.append(Prefill(int(op.lane), int(op.start), int(op.length)))
+            elif isinstance(op, Decode):
+                s = lane_of("decode", op.lane)
+                name = f"decode(lane={op.lane}, n={op.n})"
+                if s[2]:
+                    raise StatusError(Status.DUPLICATE_OP, f"{name}: the lane already decodes in this plan")
+                if s[1] != s[0]:
+                    raise StatusError(Status.DECODE_BEFORE_PREFILL, f"{name}: {s[1]} of the prompt's {s[0]} tokens prefilled")
+                if isinstance(op.n, bool) or not isinstance(op.n, (int, np.integer)) or not 1 <= op.n <= self.config.ring_capacity:
+                    raise StatusError(Status.DECODE_OUT_OF_RANGE, f"{name}: n must be in 1..{self.config.ring_capacity} (the ring's capacity)")
+                s[2] = True
+                checked.decodes[int(op.lane)] = int(op.n)
+            elif isinstance(op, Release):
+                s = lane_of("release", op.lane)
+                s[3] = True
+                checked.releases.append(int(op.lane))
+            else:
+                raise StatusError(Status.BAD_ARGUMENT, f"tick: unknown op {op!r}")
+        return checked
+
+    def _check_admit(self, op: Admit, shadow: dict, free_after: int) -> None:
+        name = f"admit(lane={op.lane!r})"
+        if isinstance(op.lane, bool) or not isinstance(op.lane, (int, np.integer)) or not 0 <= op.lane < _U32:
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: lane ids are ints in 0..2**32-1")
+        if op.lane in self._lanes or op.lane in shadow:
+            raise StatusError(Status.LANE_ALREADY_ADMITTED, f"{name}: the lane is already admitted")
+        if op.prompt not in self._prompts:
+            raise StatusError(Status.UNKNOWN_PROMPT, f"{name}: unknown prompt {op.prompt!r} (register it with prompt() first)")
+        if op.strategy_slot != 0:
+            grant = self._grants.get(op.strategy_slot)
+            if grant is None:
+                raise StatusError(
+                    Status.REJECT_ILLEGAL_COMBINATION,
+                    f"{name}: strategy slot {op.strategy_slot!r} was never granted (granted: {sorted(self._grants)})",
+                )
+        try:
+            mode = Sampling(op.sampling)
+        except ValueError:
+            raise StatusError(Status.BAD_SAMPLING_MODE, f"{name}: unknown sampling mode {op.sampling!r} (known: {[m.name for m in Sampling]})") from None
+        if op.strategy_slot != 0 and not self._grants[op.strategy_slot].covers(mode):
+            raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, f"{name}: strategy slot {op.strategy_slot} is not certified for {mode.name}")
+        if not isinstance(op.params, SamplingParams):
+            raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: params must be a SamplingParams (got {type(op.params).__name__})")
+        why = op.params.check_for(mode, top_k_limit=self.caps.top_k_limit)
+        if why:
+            raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
+        base = op.rng_counter_base
+        if isinstance(base, bool) or not isinstance(base, (int, np.integer)) or not 0 <= base < _I63:
+            raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: rng_counter_base must be an int in 0..2**63-1 (got {base!r})")
+        if free_after < 0:
+            raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use")
+
+    # -- admit and prefill -------------------------------------------------------------------
+
+    def _admit(self, op: Admit) -> None:
+        prompt = self._prompts[op.prompt]
+        grant = self._grants.get(op.strategy_slot) if op.strategy_slot else None
+        tokens = prompt.tolist()
+        drafter = PromptLookupDrafter(grant.config, tokens) if grant is not None else None
+        slot = self._free_slots.pop()
+        self._lanes[int(op.lane)] = _Lane(
+            lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
+            params=op.params, rng_counter_base=int(op.rng_counter_base), grant=grant, drafter=drafter, tokens=tokens,
+        )
+
+    def _prefill(self, prefills: list[Prefill]) -> None:
+        """Forward the prompt chunks (all but each prompt's last token) in packed passes."""
+        if not prefills:
+            return
+        slots, positions, tokens = [], [], []
+        for op in prefills:
+            lane = self._lanes[op.lane]
+            end = min(op.start + op.length, lane.prompt_len - 1)
+            if end > op.start:
+                slots.append(np.full(end - op.start, lane.slot, np.int64))
+                positions.append(np.arange(op.start, end, dtype=np.int64))
+                tokens.append(np.asarray(lane.tokens[op.start:end], np.int64))
+            lane.prefilled_len = op.start + op.length
+        if not slots:
+            return
+        slots_all, pos_all, tok_all = (np.concatenate(a) for a in (slots, positions, tokens))
+        no_logits = np.zeros(0, np.int64)
+        for lo in range(0, slots_all.size, self._prefill_rows):
+            hi = lo + self._prefill_rows
+            self.primitives.forward(Rows(slots_all[lo:hi], pos_all[lo:hi], tok_all[lo:hi], no_logits))
+
+    # -- decode ----------------------------------------------------------------------------------
+
+    def _draft_limit(self, lane: _Lane, budget_left: int) -> int:
+        """The most draft tokens a step may send: what the step could still emit, minus one."""
+        limit = budget_left - 1
+        if lane.params.max_tokens:
+            limit = min(limit, lane.params.max_tokens - lane.emitted_len - 1)
+        return min(limit, self.caps.max_context - len(lane.tokens) - 1, lane.drafter.draft_cap)
+
+    def _decode(self, budgets: dict[_Lane, int], out: dict[int, _TickOut]) -> None:
+        """Decode steps until every lane has its tokens or has finished."""
+        rows_cap = self.caps.max_rows_per_pass
+        while True:
+            active = [
+                (lane, n - len(out[lane.lane_id].tokens))
+                for lane, n in budgets.items()
+                if lane.finish == Finish.NONE and len(out[lane.lane_id].tokens) < n
+            ]
+            if not active:
+                return
+            spare_rows = rows_cap - len(active)
+            drafts = []
+            for lane, budget_left in active:
+                draft: list[int] = []
+                if lane.drafter is not None and spare_rows > 0:
+                    draft = lane.drafter.propose(min(self._draft_limit(lane, budget_left), spare_rows))
+                    spare_rows -= len(draft)
+                drafts.append(draft)
+            self._step([lane for lane, _ in active], drafts, out)
+
+    def _step(self, lanes: list[_Lane], drafts: list[list[int]], out: dict[int, _TickOut]) -> None:
+        """One packed forward + verify-and-sample pass, then accept and roll back per lane."""
+        counts = np.fromiter((len(d) + 1 for d in drafts), np.int64, len(lanes))
+        starts = np.fromiter((len(lane.tokens) - 1 for lane in lanes), np.int64, len(lanes))
+        offsets = np.cumsum(counts) - counts
+        num_rows = int(counts.sum())
+        # positions[r]: where row r sits; row r draws the token at positions[r] + 1.
+        positions = np.repeat(starts - offsets, counts) + np.arange(num_rows, dtype=np.int64)
+        row_tokens = np.fromiter(
+            (t for lane, d in zip(lanes, drafts) for t in (lane.tokens[-1], *d)), np.int64, num_rows
+        )
+        draft_at_row = np.fromiter((t for d in drafts for t in (*d, -1)), np.int64, num_rows)
+        slots = np.repeat(np.fromiter((lane.slot for lane in lanes), np.int64, len(lanes)), counts)
+        logits = self.primitives.forward(Rows(slots, positions, row_tokens, np.arange(num_rows, dtype=np.int64)))
+        sample = SampleRows(
+            mode=np.repeat(np.fromiter((int(l.sampling) for l in lanes), np.int64, len(lanes)), counts),
+            temperature=np.repeat(np.fromiter((l.params.temperature for l in lanes), np.float32, len(lanes)), counts),
+            top_p=np.repeat(np.fromiter((l.params.top_p for l in lanes), np.float32, len(lanes)), counts),
+            top_k=np.repeat(np.fromiter((l.params.top_k for l in lanes), np.int64, len(lanes)), counts),
+            rng_key=np.repeat(np.fromiter((l.rng_counter_base for l in lanes), np.int64, len(lanes)), counts),
+            position=positions + 1,
+            draft=draft_at_row,
+        )
+        drawn, match = self.primitives.verify_sample(logits, sample)
+        for lane, draft, off in zip(lanes, drafts, offsets.tolist()):
+            self._accept(lane, draft, drawn[off : off + len(draft) + 1], match[off : off + len(draft)], out[lane.lane_id])
+
+    def _accept(self, lane: _Lane, draft: list[int], drawn: np.ndarray, match: np.ndarray, out: _TickOut) -> None:
+        """Emit the matching draft prefix plus the token drawn at the first mismatch."""
+        k = len(draft)
+        accepted = k if match.all() else int(np.argmin(match))
+        new = drawn[: accepted + 1].tolist()
+        new, lane.finish = self._cut(lane, new)
+        start = len(lane.tokens) - 1  # the pending token's position: the first row
+        lane.tokens.extend(new)
+        out.tokens.extend(new)
+        out.passes += 1
+        if lane.drafter is not None:
+            lane.drafter.extend(new)
+            lane.drafter.observe(k, accepted)
+        out.proposed += k
+        out.accepted += min(accepted, len(new))
+        if lane.finish == Finish.NONE and accepted < k:
+            self.primitives.truncate(lane.slot, start + accepted + 1)
+
+    def _cut(self, lane: _Lane, new: list[int]) -> tuple[list[int], Finish]:
+        """Cut a step's tokens at EOS, max_tokens or the context; the lane's finish."""
+        if not lane.params.flags & SamplingFlag.IGNORE_EOS and self.caps.eos in new:
+            return new[: new.index(self.caps.eos) + 1], Finish.EOS
+        max_tokens = lane.params.max_tokens
+        if max_tokens and lane.emitted_len + len(new) >= max_tokens:
+            return new[: max_tokens - lane.emitted_len], Finish.LENGTH
+        if len(lane.tokens) + len(new) >= self.caps.max_context:
+            return new[: self.caps.max_context - len(lane.tokens)], Finish.CONTEXT
+        return new, Finish.NONE
+
+    # -- emit and release ---------------------------------------------------------------------
+
+    def _emit(self, touched: list[int], out: dict[int, _TickOut]) -> Events:
+        emits = {}
+        for lane_id in touched:
+            lane, o = self._lanes[lane_id], out[lane_id]
+            ref = self._rings[lane.slot].write(o.tokens)
+            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted), o.passes)
+        return Events(emits)
+
+    def _release_finished(self, touched: list[int]) -> None:
+        for lane_id in touched:
+            lane = self._lanes[lane_id]
+            if lane.finish != Finish.NONE:
+                self.primitives.release(lane.slot)
+                self._free_slots.append(lane.slot)
+                del self._lanes[lane_id]
+
+    # -- for tests and tools ----------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if any invariant of the executor's state is broken."""
+        used = [lane.slot for lane in self._lanes.values()]
+        if sorted(used + self._free_slots) != list(range(self.caps.max_lanes)):
+            raise AssertionError(f"slots: used {sorted(used)} and free {sorted(self._free_slots)} do not partition 0..{self.caps.max_lanes - 1}")
+        for lane in self._lanes.values():
+            where = f"lane {lane.lane_id} (slot {lane.slot})"
+            if lane.finish != Finish.NONE:
+                raise AssertionError(f"{where}: finished ({lane.finish.name}) but not released")
+            if not 0 <= lane.prefilled_len <= lane.prompt_len:
+                raise AssertionError(f"{where}: prefilled {lane.prefilled_len} of {lane.prompt_len}")
+            if lane.emitted_len and not lane.decoding:
+                raise AssertionError(f"{where}: emitted before its prompt was prefilled")
+            if len(lane.tokens) > self.caps.max_context:
+                raise AssertionError(f"{where}: {len(lane.tokens)} tokens exceed the context {self.caps.max_context}")
+            state_len = self.primitives.state_len(lane.slot)
+            if state_len != lane.committed_len:
+                raise AssertionError(f"{where}: backend state holds {state_len} positions, the lane committed {lane.committed_len}")
+            if lane.drafter is not None and lane.drafter.history_len != len(lane.tokens):
+                raise AssertionError(f"{where}: drafter history {lane.drafter.history_len} != tokens {len(lane.tokens)}")
+        for slot in self._free_slots:
+            if self.primitives.state_len(slot) != 0:
+                raise AssertionError(f"free slot {slot}: backend state holds {self.primitives.state_len(slot)} positions")
+
+    def snapshot(self) -> tuple:
+        """A value that changes whenever the executor's observable state does."""
+        lanes = tuple(
+            (l.lane_id, l.slot, tuple(l.tokens), l.prefilled_len, int(l.finish), self.primitives.state_len(l.slot))
+            for l in sorted(self._lanes.values(), key=lambda l: l.lane_id)
+        )
+        return (lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings), tuple(sorted(self._prompts)))
+
+
+def __getattr__(name: str):
+    # The Rust original exports FakePrimitives beside the Executor; keep that
+    # spelling working without importing onnxruntime graphs at module import.
+    if name == "FakePrimitives":
+        from .fake import FakePrimitives
+
+        return FakePrimitives
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
