@@ -126,10 +126,10 @@ class SamplingParams:
             raise bad(f"temperature must be >= 0 (got {self.temperature})")
         if not 0.0 < self.top_p <= 1.0:
             raise bad(f"top_p must be in (0, 1] (got {self.top_p})")
-        try:
-            object.__setattr__(self, "flags", SamplingFlag(self.flags))
-        except ValueError:
-            raise bad(f"unknown flags {self.flags!r} (known: {[f.name for f in SamplingFlag if f]})") from None
+        known = SamplingFlag.IGNORE_EOS
+        if isinstance(self.flags, bool) or not isinstance(self.flags, int) or self.flags & ~int(known):
+            raise bad(f"unknown flags {self.flags!r} (known: {[f.name for f in SamplingFlag if f]})")
+        object.__setattr__(self, "flags", SamplingFlag(self.flags))
 
     def check_for(self, mode: Sampling, *, top_k_limit: int) -> str | None:
         """The reason these parameters cannot be used under ``mode``, or None."""

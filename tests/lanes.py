@@ -1,0 +1,98 @@
+"""Shared test helpers: run many lanes through one executor on a schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from sf_trt.abi import Finish, Sampling, SamplingParams
+from sf_trt.drafting import PromptLookupConfig
+from sf_trt.executor import Executor, ExecutorConfig
+from sf_trt.primitives import PrimitivesBase
+from sf_trt.testing import Harness, register_prompt_lookup_with
+
+ID = bytes([1]) * 32
+DIGEST = bytes([2]) * 32
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneSpec:
+    prompt: tuple[int, ...]
+    mode: Sampling = Sampling.GPU_GREEDY
+    params: SamplingParams = SamplingParams()
+    speculate: bool = False
+    seed: int = 0
+    admit_tick: int = 0
+    prefill_chunk: int = 1 << 30
+    budgets: tuple[int, ...] = (16,)
+    """Tokens asked for in each decode tick, in order."""
+
+
+@dataclasses.dataclass
+class LaneRun:
+    tokens: list[int]
+    finish: Finish
+    proposed: int = 0
+    accepted: int = 0
+
+
+def run_lanes(
+    make_primitives: Callable[[], PrimitivesBase],
+    specs: list[LaneSpec],
+    draft_config: PromptLookupConfig | None = None,
+) -> list[LaneRun]:
+    """Run every lane through one executor, ticks interleaved; each lane's result.
+
+    A lane is admitted at its ``admit_tick``, prefilled a chunk per tick, then
+    asks for ``budgets[i]`` tokens in its i-th decode tick until the budgets are
+    used up or it finishes. The harness checks the invariants after every tick.
+    """
+    h = Harness.with_engine(Executor(make_primitives(), ExecutorConfig()))
+    slot = 0
+    if any(s.speculate for s in specs):
+        slot, _ = register_prompt_lookup_with(h, ID, DIGEST, 0, draft_config)
+    prompts = [h.prompt(list(s.prompt)) for s in specs]
+    runs = [LaneRun([], Finish.NONE) for _ in specs]
+    prefilled = [0] * len(specs)
+    decodes = [0] * len(specs)
+    done = [False] * len(specs)
+    tick = 0
+    while not all(done):
+        plan = h.plan()
+        touched = []
+        for i, s in enumerate(specs):
+            if done[i] or tick < s.admit_tick:
+                continue
+            if tick == s.admit_tick:
+                plan.admit(i, prompts[i], strategy_slot=slot if s.speculate else 0, sampling=s.mode, params=s.params, rng_counter_base=s.seed)
+            if prefilled[i] < len(s.prompt):
+                n = min(s.prefill_chunk, len(s.prompt) - prefilled[i])
+                plan.prefill(i, prefilled[i], n)
+                prefilled[i] += n
+            if prefilled[i] == len(s.prompt) and decodes[i] < len(s.budgets):
+                plan.decode(i, s.budgets[decodes[i]])
+                decodes[i] += 1
+            touched.append(i)
+        if plan.ops:
+            ev = h.tick_ok(plan)
+            for i in touched:
+                e = ev.emit_for(i)
+                got = h.rings_tokens(e.token_ref)
+                runs[i].tokens.extend(got)
+                runs[i].finish = e.finish
+                runs[i].proposed += e.spec.proposed
+                runs[i].accepted += e.spec.accepted
+                if e.finish != Finish.NONE or decodes[i] == len(specs[i].budgets):
+                    if e.finish == Finish.NONE:
+                        h.tick_ok(h.plan().release(i))
+                    done[i] = True
+        tick += 1
+        if tick > 10_000:
+            raise AssertionError("schedule did not finish")
+    return runs
+
+
+def plain_alone(make_primitives: Callable[[], PrimitivesBase], spec: LaneSpec) -> LaneRun:
+    """The lane alone, without a strategy, its whole budget in one decode."""
+    solo = dataclasses.replace(spec, speculate=False, admit_tick=0, prefill_chunk=1 << 30, budgets=(sum(spec.budgets),))
+    return run_lanes(make_primitives, [solo])[0]
