@@ -281,9 +281,12 @@ def test_build_refuses_an_unsupported_graph_before_touching_tensorrt(tmp_path):
 
 
 def test_backend_registry_imports_lazily_and_lists_what_exists():
-    assert BACKENDS["tensorrt"] == "sf_trt.backends.tensorrt:TensorRTPrimitives"
+    assert BACKENDS["tensorrt"] == "sf_trt.backends.tensorrt:TensorRTPrimitives.open"
     with pytest.raises(StatusError, match=r"create\('cuda-magic'\): unknown backend \(known: .*tensorrt"):
         create("cuda-magic")
+    if importlib.util.find_spec("tensorrt") is None:
+        with pytest.raises(StatusError, match="TensorRT not available"):
+            create("tensorrt", engine_dir="engines")
 
 
 # -- the pass logic, with onnxruntime standing in for the engines --------------------------------

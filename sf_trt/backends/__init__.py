@@ -1,6 +1,7 @@
 """The backends behind the Primitives protocol, by name, imported only when created.
 
-``BACKENDS`` maps a name to ``"module:Class"``; :func:`create` imports the
+``BACKENDS`` maps a name to ``"module:Class"`` (or ``"module:Class.constructor"``,
+a classmethod that opens the backend); :func:`create` imports the
 module then (so ``import sf_trt.backends`` costs nothing and needs no GPU) and
 refuses an unknown name by listing the known ones. Add a backend by adding an
 entry (or calling :func:`register`).
@@ -17,7 +18,7 @@ __all__ = ["BACKENDS", "create", "register", "names"]
 
 BACKENDS: dict[str, str] = {
     "fake": "sf_trt.fake:FakePrimitives",
-    "tensorrt": "sf_trt.backends.tensorrt:TensorRTPrimitives",
+    "tensorrt": "sf_trt.backends.tensorrt:TensorRTPrimitives.open",
 }
 
 
@@ -43,7 +44,9 @@ def create(name: str, **kw: Any):
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise StatusError(Status.UNSUPPORTED, f"create({name!r}): {module_name} cannot be imported here ({exc})") from None
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise StatusError(Status.UNSUPPORTED, f"create({name!r}): {module_name} has no {cls_name}")
-    return cls(**kw)
+    factory: Any = module
+    for part in cls_name.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise StatusError(Status.UNSUPPORTED, f"create({name!r}): {module_name} has no {cls_name}")
+    return factory(**kw)
