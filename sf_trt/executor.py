@@ -395,16 +395,13 @@ class Executor:
             (t for lane, d in zip(lanes, drafts) for t in (lane.tokens[-1], *d)), np.int64, num_rows
         )
         draft_at_row = np.fromiter((t for d in drafts for t in (*d, -1)), np.int64, num_rows)
-        slots = np.repeat(np.fromiter((lane.slot for lane in lanes), np.int64, len(lanes)), counts)
-        logits = self.primitives.forward(Rows(slots, positions, row_tokens, np.arange(num_rows, dtype=np.int64)))
+        # Per-lane constants, one row per lane, repeated over the lane's rows.
+        ints = np.repeat(np.array([(l.slot, int(l.sampling), l.params.top_k, l.rng_counter_base) for l in lanes], np.int64), counts, axis=0)
+        floats = np.repeat(np.array([(l.params.temperature, l.params.top_p) for l in lanes], np.float32), counts, axis=0)
+        logits = self.primitives.forward(Rows(ints[:, 0], positions, row_tokens, np.arange(num_rows, dtype=np.int64)))
         sample = SampleRows(
-            mode=np.repeat(np.fromiter((int(l.sampling) for l in lanes), np.int64, len(lanes)), counts),
-            temperature=np.repeat(np.fromiter((l.params.temperature for l in lanes), np.float32, len(lanes)), counts),
-            top_p=np.repeat(np.fromiter((l.params.top_p for l in lanes), np.float32, len(lanes)), counts),
-            top_k=np.repeat(np.fromiter((l.params.top_k for l in lanes), np.int64, len(lanes)), counts),
-            rng_key=np.repeat(np.fromiter((l.rng_counter_base for l in lanes), np.int64, len(lanes)), counts),
-            position=positions + 1,
-            draft=draft_at_row,
+            mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_key=ints[:, 3],
+            position=positions + 1, draft=draft_at_row,
         )
         drawn, match = self.primitives.verify_sample(logits, sample)
         for lane, draft, off in zip(lanes, drafts, offsets.tolist()):
