@@ -38,6 +38,7 @@ __all__ = [
     "BuildConfig",
     "DIM_ROLES",
     "ROLE_LIMITS",
+    "FIXED_ROLES",
     "Profile",
     "IOTensor",
     "EngineManifest",
@@ -109,6 +110,9 @@ class BuildConfig:
 
     def limits(self, role: str) -> tuple[int, int, int]:
         """``(min, opt, max)`` of a dim with this role."""
+        if role in FIXED_ROLES:  # a state buffer's size: allocated once, never varies
+            n = FIXED_ROLES[role](self)
+            return n, n, n
         top = getattr(self, f"max_{role}")
         opt = getattr(self, f"opt_{role}")
         if opt is None:
@@ -120,19 +124,28 @@ class BuildConfig:
 
 
 # The one table from a graph's dim names to what bounds them. Graph authors:
-# name a dynamic dim with one of these (export/copy_model.py and export/verify.py
-# use "rows"); a dim named otherwise is refused by derive_profiles.
+# name a dynamic dim with one of these; a dim named otherwise is refused by
+# derive_profiles. In use: export/copy_model.py and export/verify.py "rows";
+# export/decoder.py "batch", "rows" (rows per lane), "logit_rows", and, when
+# exported with symbolic caches, "max_lanes" and "cache_len" (= max_context + 1).
 DIM_ROLES: dict[str, str] = {
-    # rows of one forward pass, and the logit rows it returns (K <= R)
+    # rows of one forward pass (the decoder: rows per lane), and the logit rows it returns
     "rows": "rows_per_pass", "R": "rows_per_pass", "num_rows": "rows_per_pass",
     "logit_rows": "rows_per_pass", "K": "rows_per_pass",
-    # lane slots
+    # lanes in a pass
     "lanes": "lanes", "B": "lanes", "batch": "lanes", "num_lanes": "lanes",
     # positions of a lane's state
     "context": "context", "T": "context", "ctx": "context", "past": "context", "kv_len": "context",
+    # the state's own size (fixed: min = opt = max)
+    "max_lanes": "lane_slots", "cache_len": "cache_len",
 }
 ROLE_LIMITS = ("rows_per_pass", "lanes", "context")
-"""Roles a dim can have; each is bounded by ``BuildConfig.max_<role>``."""
+"""Roles bounded by ``BuildConfig.max_<role>`` (min 1)."""
+FIXED_ROLES = {
+    "lane_slots": lambda cfg: cfg.max_lanes,
+    "cache_len": lambda cfg: cfg.max_context + 1,  # one trash slot past the last position
+}
+"""Roles of state-buffer dims: exactly this size in every profile."""
 
 
 # -- graph I/O and profiles ----------------------------------------------------------
@@ -262,7 +275,7 @@ def derive_profiles(graph: onnx.ModelProto | str | os.PathLike, cfg: BuildConfig
             else:
                 role = DIM_ROLES.get(d)
                 if role is None:
-                    known = ", ".join(f"{r}: {sorted(n for n, rr in DIM_ROLES.items() if rr == r)}" for r in ROLE_LIMITS)
+                    known = ", ".join(f"{r}: {sorted(n for n, rr in DIM_ROLES.items() if rr == r)}" for r in (*ROLE_LIMITS, *FIXED_ROLES))
                     raise BuildError(
                         f"derive_profiles: input {t.name!r} dim {k} is named {d!r}, which has no role; "
                         f"expected one of the names in DIM_ROLES ({known})"

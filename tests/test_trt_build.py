@@ -26,6 +26,7 @@ from export.copy_model import build_copy_graph
 from export.registry import GRAPHS
 from export.trt_build import (
     DIM_ROLES,
+    FIXED_ROLES,
     BuildConfig,
     BuildError,
     EngineManifest,
@@ -91,7 +92,11 @@ def test_every_role_of_the_dim_table_is_bounded_by_the_config():
     p = derive_profiles(_graph_with_input_dims(["lanes", "context", "rows"]), cfg)
     assert p.inputs["x"] == ((1, 1, 1), (7, 300, 7), (7, 300, 100))
     for name, role in DIM_ROLES.items():
-        assert derive_profiles(_graph_with_input_dims([name]), cfg).dims[name][2] == getattr(cfg, f"max_{role}")
+        lo, _, hi = derive_profiles(_graph_with_input_dims([name]), cfg).dims[name]
+        if role in FIXED_ROLES:
+            assert lo == hi == {"lane_slots": 7, "cache_len": 301}[role], name
+        else:
+            assert (lo, hi) == (1, getattr(cfg, f"max_{role}")), name
 
 
 def test_an_unknown_or_unnamed_dynamic_dim_is_refused_by_name():
@@ -470,4 +475,135 @@ def test_tensorrt_fake_matches_the_stand_in(tmp_path):
         for rows in (_rows([0, 0, 0], [0, 1, 2], [3, 4, 3], [0, 1, 2]), _rows([0, 1], [3, 0], [4, 9], [0, 1]), _rows([0, 1], [4, 1], [5, 2], [0, 1])):
             got, want = trt_p.forward(rows), cpu_p.forward(rows)
             np.testing.assert_array_equal(trt_p.logits_host(got), cpu_p.logits_host(want))
+        trt_p.close()
+
+
+
+def _smoke():
+    spec = importlib.util.spec_from_file_location("trt_smoke", ROOT / "tools" / "trt_smoke.py")
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    return smoke
+
+
+def test_the_seed_contract_passes_on_the_stand_in_fake():
+    """What tools/trt_smoke.py runs on the TensorRT fake, with onnxruntime standing in."""
+    smoke = _smoke()
+    assert smoke.seed_contract(smoke.stand_in_fake, "the stand-in").startswith("6 seed tests pass")
+
+
+def test_speculative_equals_plain_on_the_stand_in_fake():
+    smoke = _smoke()
+    assert "speculative == plain" in smoke.speculative_equals_plain(smoke.stand_in_fake)
+
+
+# -- the decoder path, with onnxruntime standing in ------------------------------------------------
+
+
+def _decoder_parts():
+    if importlib.util.find_spec("export.decoder") is None:
+        pytest.skip("export/decoder.py is not written yet")
+    from export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config
+
+    cfg = tiny_llama_config()
+    weights = random_llama_weights(cfg, seed=0)
+    # Symbolic caches (as export_model_dir writes them), sized by the stand-in like a build would.
+    return cfg, weights, build_decoder_graph(cfg, weights)
+
+
+def decoder_stand_in(**kw) -> TensorRTPrimitives:
+    cfg, _, graph = _decoder_parts()
+    return TensorRTPrimitives.stand_in(
+        graph, verify_graph(cfg.vocab, 16), max_rows_per_pass=24, eos=cfg.eos, top_k_limit=16, max_lanes=3, max_context=48, **kw
+    )
+
+
+def test_decoder_stand_in_capabilities_come_from_the_graph():
+    cfg, _, _ = _decoder_parts()
+    c = decoder_stand_in().capabilities
+    assert (c.vocab, c.max_lanes, c.max_context, c.max_rows_per_pass, c.eos) == (cfg.vocab, 3, 48, 24, cfg.eos)
+
+
+def test_decoder_stand_in_matches_the_reference_and_any_packing():
+    from export.decoder import reference_forward
+
+    cfg, weights, _ = _decoder_parts()
+    tokens = [5, 9, 17, 3, 5, 9, 40, 41, 2, 7]
+    want = reference_forward(cfg, weights, tokens)  # float64 [10, vocab]
+    # one lane, prefilled in one pass
+    p = decoder_stand_in()
+    whole = p.logits_host(p.forward(_rows([1] * 10, range(10), tokens, range(10))))
+    np.testing.assert_allclose(whole, want, atol=1e-4, rtol=1e-4)
+    # the same lane packed otherwise: chunks of 3, beside two other lanes, its rows among theirs
+    q = decoder_stand_in()
+    got = []
+    for start in range(0, 10, 3):
+        n = min(3, 10 - start)
+        lanes = [0, 0] + [1] * n + [2]
+        positions = [2 * start // 3, 2 * start // 3 + 1] + list(range(start, start + n)) + [start // 3]
+        toks = [11, 12] + tokens[start:start + n] + [13]
+        out = q.logits_host(q.forward(_rows(lanes, positions, toks, range(2, 2 + n))))
+        got.append(out)
+    np.testing.assert_array_equal(np.concatenate(got), whole)  # bit for bit: rows do not depend on the pass
+
+
+def test_decoder_stand_in_rolls_back_by_length():
+    p = decoder_stand_in()
+    p.forward(_rows([0] * 6, range(6), [1, 2, 3, 4, 5, 6], []))
+    ref = p.logits_host(p.forward(_rows([0], [6], [7], [0])))
+    p.forward(_rows([0, 0], [7, 8], [50, 51], [1]))  # a draft, then rejected:
+    p.truncate(0, 6)
+    again = p.logits_host(p.forward(_rows([0], [6], [7], [0])))
+    np.testing.assert_array_equal(again, ref)
+
+
+def test_decoder_stand_in_speculation_changes_nothing_a_plain_decode_draws():
+    from sf_trt.executor import Executor, ExecutorConfig
+    from sf_trt.testing import Harness, register_prompt_lookup_with
+
+    def run(speculate: bool, mode: Sampling, params: SamplingParams) -> list[list[int]]:
+        h_ = Harness.with_engine(Executor(decoder_stand_in(), ExecutorConfig()))
+        slot = register_prompt_lookup_with(h_, bytes([1]) * 32, bytes([2]) * 32, 0)[0] if speculate else 0
+        prompts = {1: [10, 11, 12, 13, 10, 11, 12], 2: [7, 8, 7, 8, 7]}
+        plan = h_.plan()
+        for lane, prompt in prompts.items():
+            plan = plan.admit(lane, h_.prompt(prompt), strategy_slot=slot, sampling=mode, params=params, rng_counter_base=lane)
+            plan = plan.prefill(lane, 0, len(prompt)).decode(lane, 6)
+        ev = h_.tick_ok(plan)
+        out = {lane: h_.rings_tokens(ev.emit_for(lane).token_ref) for lane in prompts}
+        ev = h_.tick_ok(h_.plan().decode(1, 6).decode(2, 6))
+        return [out[lane] + h_.rings_tokens(ev.emit_for(lane).token_ref) for lane in prompts]
+
+    for mode, params in (
+        (Sampling.GPU_GREEDY, SamplingParams(flags=SamplingFlag.IGNORE_EOS)),
+        (Sampling.GPU_GUMBEL, SamplingParams(temperature=0.8, top_p=0.95, flags=SamplingFlag.IGNORE_EOS)),
+    ):
+        plain = run(False, mode, params)
+        assert [len(t) for t in plain] == [12, 12]
+        assert run(True, mode, params) == plain, mode.name
+
+
+def test_decoder_speculation_check_of_the_smoke_tool_on_the_stand_in():
+    _decoder_parts()
+    smoke = _smoke()
+    detail = smoke.speculative_equals_plain(lambda cfg: smoke.decoder_stand_in(), lanes=2, vocab=256, per_tick=12)
+    assert "speculative == plain" in detail
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_decoder_matches_the_stand_in_within_fp16_tolerance(tmp_path):
+    _need_tensorrt_and_gpu()
+    from export.trt_build import build_engine
+
+    cfg, _, graph = _decoder_parts()
+    onnx.save(graph, tmp_path / "decoder.onnx")
+    onnx.save(verify_graph(cfg.vocab, 16), tmp_path / "verify.onnx")
+    build = BuildConfig(precision="fp16", max_rows_per_pass=24, max_lanes=3, max_context=48)
+    for name in ("decoder", "verify"):
+        build_engine(tmp_path / f"{name}.onnx", build, tmp_path / "engines", log=lambda s: None)
+    for graphs in (False, True):
+        trt_p = TensorRTPrimitives.open(tmp_path / "engines", model="decoder", eos=cfg.eos, cuda_graphs=graphs)
+        cpu_p = decoder_stand_in()
+        for rows in (_rows([0] * 6, range(6), [5, 9, 17, 3, 5, 9], range(6)), _rows([0, 2], [6, 0], [4, 8], [0, 1]), _rows([0, 2], [7, 1], [1, 2], [0, 1])):
+            np.testing.assert_allclose(trt_p.logits_host(trt_p.forward(rows)), cpu_p.logits_host(cpu_p.forward(rows)), atol=2e-2, rtol=2e-2)
         trt_p.close()

@@ -136,19 +136,53 @@ class Engines:
         top_k = min(cfg.top_k_limit, cfg.vocab)
         copy_dir = self.build("copy_model", copy, max_rows=cfg.max_rows_per_pass, max_lanes=cfg.max_lanes, max_context=cfg.max_context)
         verify_dir = self.build("verify", verify_graph(cfg.vocab, top_k), max_rows=cfg.max_rows_per_pass, max_lanes=cfg.max_lanes, max_context=cfg.max_context)
-        # One manifest naming both engines: merge the verify entry into the copy-model directory.
+        return self.merged(copy_dir, verify_dir)
+
+    def merged(self, *dirs: Path) -> Path:
+        """One directory whose manifest names the engines of all ``dirs``."""
         import shutil
 
         from export.trt_build import read_manifest, write_manifest
 
-        both = self.root / f"fake-{copy_dir.name}-{verify_dir.name}"
+        both = self.root / "+".join(d.name for d in dirs)
         if not (both / "manifest.json").exists():
             both.mkdir(parents=True, exist_ok=True)
-            for d in (copy_dir, verify_dir):
+            for d in dirs:
                 for entry in read_manifest(d).values():
                     shutil.copy2(d / entry.engine_file, both / entry.engine_file)
                     write_manifest(both, entry)
         return both
+
+    def decoder_dir(self) -> Path:
+        """The tiny random-weight Llama decoder and a verify engine for its vocabulary."""
+        cfg, graph = tiny_decoder()
+        dec = self.build("decoder", graph, **DECODER_LIMITS)
+        ver = self.build("verify", verify_graph(cfg.vocab, 16), **DECODER_LIMITS)
+        return self.merged(dec, ver)
+
+
+DECODER_LIMITS = dict(max_rows=16, max_lanes=2, max_context=64)
+
+
+def tiny_decoder():
+    """``(LlamaConfig, graph)`` of export/decoder.py's tiny test Llama, caches symbolic (as exported)."""
+    if importlib.util.find_spec("export.decoder") is None:
+        raise _Skip("export/decoder.py is not written yet")
+    from export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config
+
+    cfg = tiny_llama_config()
+    return cfg, build_decoder_graph(cfg, random_llama_weights(cfg, seed=0))
+
+
+def decoder_stand_in():
+    """The decoder's pass logic on onnxruntime (CPU), sized like the engine."""
+    from sf_trt.backends.tensorrt import TensorRTPrimitives
+
+    cfg, graph = tiny_decoder()
+    return TensorRTPrimitives.stand_in(
+        graph, verify_graph(cfg.vocab, 16), max_rows_per_pass=DECODER_LIMITS["max_rows"], eos=cfg.eos, top_k_limit=16,
+        max_lanes=DECODER_LIMITS["max_lanes"], max_context=DECODER_LIMITS["max_context"],
+    )
 
 
 def verify_graph(vocab: int, top_k_limit: int):
@@ -179,121 +213,144 @@ def op_check() -> str:
     return f"supported: {checked}" + (f"; not written yet: {skipped}" if skipped else "")
 
 
-def seed_on_tensorrt_fake(engines: Engines, cuda_graphs: bool) -> str:
-    """tests/test_prompt_lookup.py with its FakePrimitives replaced by the TensorRT fake."""
-    sys.path.insert(0, str(ROOT / "tests"))
+def seed_contract(make_primitives, label: str) -> str:
+    """tests/test_prompt_lookup.py with its FakePrimitives replaced by ``make_primitives(cfg)``."""
+    tests_dir = str(ROOT / "tests")
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
     seed = importlib.import_module("test_prompt_lookup")
+    tests = [(n, f) for n, f in vars(seed).items() if n.startswith("test_") and callable(f)]
+    failed = []
+    original = seed.FakePrimitives
+    seed.FakePrimitives = make_primitives
+    try:
+        for name, fn in tests:
+            try:
+                fn()
+            except _Skip:
+                raise
+            except Exception as exc:
+                failed.append(f"{name}: {type(exc).__name__}: {exc}")
+                traceback.print_exc(file=sys.stderr)
+    finally:
+        seed.FakePrimitives = original
+    if failed:
+        raise AssertionError(f"{len(failed)} of {len(tests)} seed tests failed: " + " | ".join(failed)[:400])
+    return f"{len(tests)} seed tests pass on {label}"
+
+
+def seed_on_tensorrt_fake(engines: Engines, cuda_graphs: bool) -> str:
     from sf_trt.backends.tensorrt import TensorRTPrimitives
     from sf_trt.fake import FakeConfig
 
     def trt_fake(cfg: FakeConfig = FakeConfig()):
         return TensorRTPrimitives.fake(engines.fake_dir(cfg), cfg, cuda_graphs=cuda_graphs)
 
-    seed.FakePrimitives = trt_fake
-    tests = [(n, f) for n, f in vars(seed).items() if n.startswith("test_") and callable(f)]
-    failed = []
-    for name, fn in tests:
-        try:
-            fn()
-        except _Skip:
-            raise
-        except Exception as exc:
-            failed.append(f"{name}: {type(exc).__name__}: {exc}")
-            traceback.print_exc(file=sys.stderr)
-    if failed:
-        raise AssertionError(f"{len(failed)} of {len(tests)} seed tests failed: " + " | ".join(failed)[:400])
-    return f"{len(tests)} seed tests pass on the TensorRT fake"
+    return seed_contract(trt_fake, "the TensorRT fake")
 
 
-def decoder_vs_onnxruntime(engines: Engines, precision: str) -> str:
-    """The decoder engine and the decoder graph on onnxruntime, fed the same inputs."""
-    if importlib.util.find_spec("export.decoder") is None:
-        raise _Skip("export/decoder.py is not written yet")
-    import numpy as np
-    import onnxruntime as ort
-    import tensorrt as trt
-    import torch
-
-    from export.registry import GRAPHS
-    from export.trt_build import derive_profiles, onnx_io, read_manifest
-    from sf_trt.backends.tensorrt import BufferPlan, _TorchDevice, _TrtRunner
-
-    graph = GRAPHS["decoder"]()
-    cfg = engines.BuildConfig(max_rows_per_pass=16, max_lanes=2, max_context=64)
-    d = engines.build("decoder", graph, max_rows=16, max_lanes=2, max_context=64)
-    entry = read_manifest(d)["decoder"]
-    dev = _TorchDevice(torch, 0)
-    logger = trt.Logger(trt.Logger.WARNING)
-    runner = _TrtRunner(trt, trt.Runtime(logger), "decoder", (d / entry.engine_file).read_bytes(), BufferPlan.from_manifest(entry), dev)
-    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    # A pass of 5 rows on lane 0 from position 0; every other named dim at its max.
-    sizes = {**derive_profiles(graph, cfg).max_dims(), "rows": 5}
-    feeds = {}
-    for t in onnx_io(graph):
-        if t.mode != "input":
-            continue
-        shape = tuple(sizes.get(s, 1) if isinstance(s, str) else s for s in t.shape)
-        if t.name == "tokens":
-            feeds[t.name] = rng.integers(0, 100, shape).astype(t.dtype)
-        elif t.name == "positions":
-            feeds[t.name] = np.arange(int(np.prod(shape))).reshape(shape).astype(t.dtype)
-        elif t.dtype in ("int64", "int32"):
-            feeds[t.name] = np.zeros(shape, t.dtype)
-        elif t.dtype == "bool":
-            feeds[t.name] = np.ones(shape, bool)
-        else:
-            feeds[t.name] = (rng.standard_normal(shape) * 0.1).astype(t.dtype)
-    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-    got = runner.run({k: dev.to_device(v) for k, v in feeds.items()})
-    atol, rtol = TOLERANCE[precision]
-    worst = []
-    for name, ref in want.items():
-        out = dev.to_host(got[name]).astype(np.float64)
-        err = float(np.max(np.abs(out - ref))) if ref.size else 0.0
-        worst.append(f"{name}: max |diff| {err:.3g}")
-        np.testing.assert_allclose(out, ref, atol=atol, rtol=rtol, err_msg=f"decoder output {name!r} ({precision})")
-    return f"{precision}, atol {atol}, rtol {rtol}; " + ", ".join(worst)
-
-
-def speculative_equals_plain(engines: Engines, cuda_graphs: bool) -> str:
-    from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
+def stand_in_fake(cfg):
+    """The TensorRT fake's pass logic on onnxruntime (CPU): the same graphs, no engines."""
+    from export.copy_model import build_copy_graph
     from sf_trt.backends.tensorrt import TensorRTPrimitives
+
+    copy = build_copy_graph(cfg.vocab, cfg.eos, cfg.max_lanes, cfg.max_context, cfg.copy_miss_every, cfg.copy_model, cfg.favour_logit)
+    top_k = min(cfg.top_k_limit, cfg.vocab)
+    return TensorRTPrimitives.stand_in(
+        copy, verify_graph(cfg.vocab, top_k), max_rows_per_pass=cfg.max_rows_per_pass, eos=cfg.eos, top_k_limit=top_k,
+        verify_rows=cfg.verify_rows, truncate_partial=cfg.truncate_partial, kernel_capabilities=cfg.kernel_capabilities,
+    )
+
+
+def decoder_vs_onnxruntime(engines: Engines, precision: str, cuda_graphs: bool) -> str:
+    """The decoder engine and the decoder graph on onnxruntime (CPU), fed the same passes."""
+    import numpy as np
+
+    from sf_trt.backends.tensorrt import TensorRTPrimitives
+    from sf_trt.primitives import Rows
+
+    cfg, _ = tiny_decoder()
+    trt_p = TensorRTPrimitives.open(engines.decoder_dir(), model="decoder", eos=cfg.eos, cuda_graphs=cuda_graphs)
+    cpu_p = decoder_stand_in()
+
+    def rows(lanes, positions, tokens, logit_rows):
+        return Rows(*(np.asarray(a, np.int64) for a in (lanes, positions, tokens, logit_rows)))
+
+    passes = [
+        rows([0] * 8, range(8), [5, 9, 17, 3, 5, 9, 40, 41], range(8)),  # prefill lane 0, every row's logits
+        rows([1] * 5 + [0], list(range(5)) + [8], [7, 8, 7, 8, 7, 2], [4, 5]),  # prefill lane 1 beside a decode
+        rows([0, 1], [9, 5], [11, 12], [0, 1]),  # a decode step of both lanes
+        rows([0, 1], [10, 6], [13, 14], [0, 1]),  # the same shape again (replayed under --cuda-graphs)
+    ]
+    atol, rtol = TOLERANCE[precision]
+    worst = 0.0
+    for i, r in enumerate(passes):
+        got, want = trt_p.logits_host(trt_p.forward(r)), cpu_p.logits_host(cpu_p.forward(r))
+        worst = max(worst, float(np.max(np.abs(got - want))))
+        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"pass {i} ({precision})")
+    trt_p.close()
+    return f"{len(passes)} passes, {precision}: max |logit diff| {worst:.3g} (atol {atol}, rtol {rtol})"
+
+
+SPEC_CFG = dict(vocab=512, eos=511, copy_model=True, copy_miss_every=4, verify_rows=True, max_lanes=8, max_context=256, max_rows_per_pass=256)
+
+
+def speculative_equals_plain(make_primitives, lanes: int = 4, vocab: int = 512, per_tick: int = 16, ticks: int = 3) -> str:
+    """Lanes together, greedy and sampled: speculating emits what a plain decode emits.
+
+    ``make_primitives(FakeConfig)`` makes the backend (a decoder's ignores the config)."""
+    from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
     from sf_trt.executor import Executor, ExecutorConfig
     from sf_trt.fake import FakeConfig
     from sf_trt.testing import Harness, register_prompt_lookup_with
 
-    cfg = FakeConfig(vocab=512, eos=511, copy_model=True, copy_miss_every=4, verify_rows=True, max_lanes=8, max_context=256, max_rows_per_pass=256)
-    engine_dir = engines.fake_dir(cfg)
+    cfg = FakeConfig(**SPEC_CFG)
     prompts = [[10, 11, 12, 13, 10, 11, 12], [7, 8, 9, 7, 8, 9, 7], [100, 200, 300, 400, 100, 200], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]]
+    prompts = [[t % vocab for t in p] for p in prompts[:lanes]]
     modes = [
         (Sampling.GPU_GREEDY, SamplingParams(flags=SamplingFlag.IGNORE_EOS)),
         (Sampling.GPU_GUMBEL, SamplingParams(temperature=0.8, top_p=0.95, flags=SamplingFlag.IGNORE_EOS)),
     ]
 
-    def run(speculate: bool, mode, params) -> list[list[int]]:
-        h = Harness.with_engine(Executor(TensorRTPrimitives.fake(engine_dir, cfg, cuda_graphs=cuda_graphs), ExecutorConfig()))
+    def run(speculate: bool, mode, params) -> tuple[list[list[int]], int]:
+        h = Harness.with_engine(Executor(make_primitives(cfg), ExecutorConfig()))
         slot = register_prompt_lookup_with(h, bytes([1]) * 32, bytes([2]) * 32, 0)[0] if speculate else 0
+        lane_ids = range(1, len(prompts) + 1)
         plan = h.plan()
-        for lane, prompt in enumerate(prompts, start=1):
+        for lane, prompt in zip(lane_ids, prompts):
             plan = plan.admit(lane, h.prompt(prompt), strategy_slot=slot, sampling=mode, params=params, rng_counter_base=lane)
-            plan = plan.prefill(lane, 0, len(prompt)).decode(lane, 16)
-        out = {lane: [] for lane in range(1, len(prompts) + 1)}
-        ev = h.tick_ok(plan)
-        for _ in range(3):
-            for lane in out:
-                out[lane] += h.rings_tokens(ev.emit_for(lane).token_ref)
-            plan = h.plan()
-            for lane in out:
-                plan = plan.decode(lane, 16)
+            plan = plan.prefill(lane, 0, len(prompt))
+        out, proposed = {lane: [] for lane in lane_ids}, 0
+        for _ in range(ticks):
+            for lane in lane_ids:
+                plan = plan.decode(lane, per_tick)
             ev = h.tick_ok(plan)
-        return [out[lane] for lane in sorted(out)]
+            for lane in lane_ids:
+                e = ev.emit_for(lane)
+                out[lane] += h.rings_tokens(e.token_ref)
+                proposed += e.spec.proposed
+            plan = h.plan()
+        return [out[lane] for lane in lane_ids], proposed
 
+    want = per_tick * ticks
+    drafts = 0
     for mode, params in modes:
-        plain, spec = run(False, mode, params), run(True, mode, params)
+        (plain, _), (spec, proposed) = run(False, mode, params), run(True, mode, params)
+        if any(len(t) != want for t in plain):
+            raise AssertionError(f"{mode.name}: expected {want} tokens per lane, got {[len(t) for t in plain]}")
         if plain != spec:
             raise AssertionError(f"{mode.name}: speculative decode differs from plain")
-    return f"{len(prompts)} prompts x {len(modes)} modes, 48 tokens each: speculative == plain"
+        drafts += proposed
+    return f"{len(prompts)} prompts x {len(modes)} modes, {want} tokens each, {drafts} draft tokens verified: speculative == plain"
+
+
+def decoder_speculation(engines: Engines, cuda_graphs: bool) -> str:
+    from sf_trt.backends.tensorrt import TensorRTPrimitives
+
+    cfg, _ = tiny_decoder()
+    engine_dir = engines.decoder_dir()
+    make = lambda _cfg: TensorRTPrimitives.open(engine_dir, model="decoder", eos=cfg.eos, cuda_graphs=cuda_graphs)  # noqa: E731
+    return speculative_equals_plain(make, lanes=DECODER_LIMITS["max_lanes"], vocab=cfg.vocab, per_tick=12)
 
 
 def main(argv=None) -> int:
@@ -304,6 +361,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     _, env = environment()
+    from sf_trt.backends.tensorrt import TensorRTPrimitives
+
     table = Table()
     table.rows.append(("environment", "PASS", env, 0.0))
     with tempfile.TemporaryDirectory(prefix="sf_trt_smoke_") as tmp:
@@ -311,8 +370,12 @@ def main(argv=None) -> int:
         table.run("op check (every registry graph)", op_check)
         table.run("build: TensorRT fake engines", lambda: f"engine dir {engines.fake_dir(_seed_cfg())}")
         table.run("seed contract on the TensorRT fake", lambda: seed_on_tensorrt_fake(engines, args.cuda_graphs))
-        table.run(f"decoder logits vs onnxruntime CPU ({args.precision})", lambda: decoder_vs_onnxruntime(engines, args.precision))
-        table.run("speculative == plain (TensorRT fake)", lambda: speculative_equals_plain(engines, args.cuda_graphs))
+        table.run(f"decoder logits vs onnxruntime CPU ({args.precision})", lambda: decoder_vs_onnxruntime(engines, args.precision, args.cuda_graphs))
+        table.run(
+            "speculative == plain (TensorRT fake)",
+            lambda: speculative_equals_plain(lambda cfg: TensorRTPrimitives.fake(engines.fake_dir(cfg), cfg, cuda_graphs=args.cuda_graphs)),
+        )
+        table.run("speculative == plain (TensorRT decoder)", lambda: decoder_speculation(engines, args.cuda_graphs))
         table.rows.append(("engines built", "PASS", ", ".join(engines.built) or "(cached)", 0.0))
         table.print()
     return 1 if table.failed else 0

@@ -18,6 +18,7 @@ __all__ = ["BACKENDS", "create", "register", "names"]
 
 BACKENDS: dict[str, str] = {
     "fake": "sf_trt.fake:FakePrimitives",
+    "onnxruntime": "sf_trt.backends.ort_decoder:OrtDecoderPrimitives",
     "tensorrt": "sf_trt.backends.tensorrt:TensorRTPrimitives.open",
 }
 

@@ -234,7 +234,7 @@ class _TorchDevice:
 
     def put(self, buf, index: tuple, values) -> None:
         with self.torch.cuda.stream(self.stream):
-            buf.index_put_(index, values)
+            buf[index] = values
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -246,13 +246,14 @@ class _TorchDevice:
 class EngineRunner(Protocol):
     """Runs one engine: ``bind`` fixes a persistent input (a state buffer whose
     address never changes), ``run`` feeds the per-pass inputs and returns the
-    outputs, valid until the next ``run``."""
+    outputs, valid until the next ``run``. ``capturable`` marks a plain decode
+    step, whose shape repeats: a runner may replay it from a CUDA graph."""
 
     name: str
     plan: BufferPlan
 
     def bind(self, name: str, buf: Any) -> None: ...
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]: ...
+    def run(self, feeds: Mapping[str, Any], capturable: bool = False) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -275,7 +276,7 @@ class _OrtRunner:
     def bind(self, name: str, buf: Any) -> None:
         self._bound[name] = buf
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any], capturable: bool = False) -> dict[str, Any]:
         values = self.session.run(self._outputs, {**self._bound, **feeds})
         return dict(zip(self._outputs, values))
 
@@ -287,15 +288,15 @@ class _TrtRunner:
     """One deserialized TensorRT engine, its execution context and output buffers.
 
     Output buffers are allocated once at the plan's max shapes; each run hands
-    out views of the shapes TensorRT infers. With ``cuda_graphs``, a run whose
-    rows fit ``graph_max_rows`` is captured once per input-shape key into a
-    CUDA graph (on its own execution context, with static input buffers) and
-    replayed after; at most ``graph_limit`` keys are captured.
+    out views of the shapes TensorRT infers. With ``cuda_graphs``, a
+    ``capturable`` run is captured once per input-shape key into a CUDA graph
+    (on its own execution context, with static input buffers) and replayed
+    after; at most ``graph_limit`` keys are captured.
     """
 
     def __init__(
         self, trt, runtime, name: str, engine_bytes: bytes, plan: BufferPlan, dev: _TorchDevice,
-        *, cuda_graphs: bool = False, graph_limit: int = 4, graph_max_rows: int = 0, logger=None,
+        *, cuda_graphs: bool = False, graph_limit: int = 8,
     ) -> None:
         self.trt, self.name, self.plan, self.dev = trt, name, plan, dev
         self.engine = runtime.deserialize_cuda_engine(engine_bytes)
@@ -314,7 +315,7 @@ class _TrtRunner:
         self.context = self._new_context()
         self._outputs = {b.name: dev.zeros(b.shape, b.dtype) for b in plan.outputs()}
         self._bound: dict[str, Any] = {}
-        self.cuda_graphs, self.graph_limit, self.graph_max_rows = cuda_graphs, graph_limit, graph_max_rows
+        self.cuda_graphs, self.graph_limit = cuda_graphs, graph_limit
         self._graphs: dict[tuple, tuple[Any, Any, dict, dict]] = {}
 
     def _new_context(self):
@@ -346,10 +347,9 @@ class _TrtRunner:
             views[name] = view
         return views
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any], capturable: bool = False) -> dict[str, Any]:
         key = tuple((n, tuple(t.shape)) for n, t in sorted(feeds.items()))
-        rows = max((t.shape[0] for t in feeds.values() if len(t.shape)), default=0)
-        if self.cuda_graphs and key not in self._graphs and len(self._graphs) < self.graph_limit and rows <= self.graph_max_rows:
+        if self.cuda_graphs and capturable and key not in self._graphs and len(self._graphs) < self.graph_limit:
             self._capture(key, feeds)
         if key in self._graphs:
             graph, _, static_in, views = self._graphs[key]
@@ -365,7 +365,8 @@ class _TrtRunner:
     def _capture(self, key: tuple, feeds: Mapping[str, Any]) -> None:
         torch = self.dev.torch
         ctx = self._new_context()  # a graph fixes its context's shapes and addresses: one context per graph
-        static_in = {n: t.clone() for n, t in feeds.items()}
+        with torch.cuda.stream(self.dev.stream):
+            static_in = {n: t.clone() for n, t in feeds.items()}
         outputs = {b.name: self.dev.zeros(b.shape, b.dtype) for b in self.plan.outputs()}
         views = self._prepare(ctx, static_in, outputs)
         # TensorRT defers some work after a shape change to the first enqueue:
@@ -388,16 +389,146 @@ class _TrtRunner:
 # -- the primitives ------------------------------------------------------------------------
 
 
+class _CopyModel:
+    """The fake's copy model: the state is each lane's tokens by position.
+
+    Inputs ``history [max_lanes, max_context]`` (bound: the state) and the
+    logit rows' ``lanes`` / ``positions`` ``[rows]``; output ``logits``.
+    """
+
+    def __init__(self, runner: EngineRunner, dev: _Device) -> None:
+        plan = runner.plan
+        state = plan[COPY_STATE]
+        logits = plan.outputs()[0]
+        if len(state.shape) != 2 or len(logits.shape) != 2:
+            raise _refuse(f"model engine {runner.name!r}: expected {COPY_STATE} [lanes, context] and logits [rows, vocab]")
+        self.runner, self.dev = runner, dev
+        self.max_lanes, self.max_context = state.shape
+        self.vocab = logits.shape[1]
+        self.row_inputs = [b for b in plan.inputs() if b.name != COPY_STATE]
+        missing = [b.name for b in self.row_inputs if b.name not in ("lanes", "positions")]
+        if missing:
+            raise _refuse(f"copy-model engine {runner.name!r} has inputs {missing}; expected only history, lanes, positions")
+        self.max_rows = min(b.shape[0] for b in self.row_inputs)
+        self.logits_name = logits.name
+        self.state = dev.zeros(state.shape, state.dtype)
+        self.state_dtype = state.dtype
+        runner.bind(COPY_STATE, self.state)
+
+    def forward(self, rows: Rows, vocab: int) -> Any:
+        dev = self.dev
+        dev.put(
+            self.state, (dev.to_device(rows.lanes), dev.to_device(rows.positions)),
+            dev.to_device(rows.tokens.astype(_numpy_dtype(self.state_dtype))),
+        )
+        k = int(rows.logit_rows.size)
+        if k == 0:
+            return dev.zeros((0, vocab), "float32")
+        pick = rows.logit_rows
+        feeds = {b.name: dev.to_device(getattr(rows, b.name)[pick].astype(_numpy_dtype(b.dtype))) for b in self.row_inputs}
+        return self.runner.run(feeds, capturable=k <= self.max_lanes)[self.logits_name]
+
+    def close(self) -> None:
+        self.state = None
+
+
+DECODER_INPUTS = ("input_ids", "positions", "lane_ids", "logit_index")
+"""The decoder graph's per-pass inputs (export/decoder.py); its state is ``past_key_i`` / ``past_value_i``."""
+
+
+class _Decoder:
+    """A Llama decoder (export/decoder.py): the state is each layer's KV cache.
+
+    A pass packs its rows as ``[B lanes, T rows]`` (lanes in order of first
+    appearance, short lanes padded with the trash position ``max_context``),
+    asks for the logit rows by flat index ``b * T + t``, and gets this pass's
+    K/V back as ``new_kv [layers, 2, B, T, kv_heads, head_dim]``; the real rows'
+    K/V are then written into the caches at ``(lane, :, position, :)`` on the
+    device. Rolled-back positions are masked by the graph (keys ``j <= p`` only)
+    and overwritten by the next pass there.
+    """
+
+    def __init__(self, runner: EngineRunner, dev: _Device) -> None:
+        plan = runner.plan
+        self.runner, self.dev = runner, dev
+        self.caches = []  # (key buffer name, value buffer name) per layer
+        i = 0
+        while f"past_key_{i}" in plan and f"past_value_{i}" in plan:
+            self.caches.append((f"past_key_{i}", f"past_value_{i}"))
+            i += 1
+        if not self.caches:
+            raise _refuse(f"decoder engine {runner.name!r} has no past_key_0 / past_value_0 inputs")
+        cache = plan["past_key_0"]
+        if len(cache.shape) != 4:
+            raise _refuse(f"decoder engine {runner.name!r}: past_key_0 shape {cache.shape}, expected [lanes, kv_heads, context + 1, head_dim]")
+        self.max_lanes, _, cache_len, _ = cache.shape
+        self.max_context = cache_len - 1  # the last slot takes padding rows' K/V
+        self.vocab = plan["logits"].shape[1]
+        batch_max, rows_max, logit_max = plan["lane_ids"].shape[0], plan["input_ids"].shape[1], plan["logit_index"].shape[0]
+        if batch_max < self.max_lanes:
+            raise _refuse(
+                f"decoder engine {runner.name!r}: its profile takes {batch_max} lanes a pass, its cache holds "
+                f"{self.max_lanes}; rebuild it with --max-lanes {self.max_lanes}"
+            )
+        self.max_rows = min(rows_max, logit_max)
+        self.bufs = {}
+        for pair in self.caches:
+            for name in pair:
+                b = plan[name]
+                self.bufs[name] = dev.zeros(b.shape, b.dtype)
+                runner.bind(name, self.bufs[name])
+        self.dtypes = {name: _numpy_dtype(plan[name].dtype) for name in DECODER_INPUTS}
+
+    def forward(self, rows: Rows, vocab: int) -> Any:
+        dev, n = self.dev, rows.num_rows
+        if n == 0:
+            return dev.zeros((0, vocab), "float32")
+        # Pack: lane b of the pass in order of first appearance, row t within it.
+        order, b_of = [], {}
+        for lane in rows.lanes.tolist():
+            if lane not in b_of:
+                b_of[lane] = len(order)
+                order.append(lane)
+        b_idx = np.array([b_of[lane] for lane in rows.lanes.tolist()], np.int64)
+        first = np.full(self.max_lanes, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, rows.lanes, rows.positions)
+        t_idx = rows.positions - first[rows.lanes]  # a lane's rows are consecutive positions
+        n_lanes, t_len = len(order), int(t_idx.max()) + 1
+        input_ids = np.zeros((n_lanes, t_len), np.int64)
+        positions = np.full((n_lanes, t_len), self.max_context, np.int64)  # padding: the trash slot
+        input_ids[b_idx, t_idx] = rows.tokens
+        positions[b_idx, t_idx] = rows.positions
+        k = int(rows.logit_rows.size)
+        # A pass with no logit rows still writes K/V: ask for row 0 and drop it.
+        logit_index = (b_idx * t_len + t_idx)[rows.logit_rows] if k else np.zeros(1, np.int64)
+        host = {"input_ids": input_ids, "positions": positions, "lane_ids": np.array(order, np.int64), "logit_index": logit_index}
+        feeds = {name: dev.to_device(a.astype(self.dtypes[name])) for name, a in host.items()}
+        out = self.runner.run(feeds, capturable=t_len == 1)
+        new_kv = out["new_kv"]  # [layers, 2, B, T, kv_heads, head_dim]
+        at = (dev.to_device(rows.lanes), slice(None), dev.to_device(rows.positions), slice(None))
+        rows_bt = (dev.to_device(b_idx), dev.to_device(t_idx))
+        for layer, (key_name, value_name) in enumerate(self.caches):
+            dev.put(self.bufs[key_name], at, new_kv[layer, 0][rows_bt])
+            dev.put(self.bufs[value_name], at, new_kv[layer, 1][rows_bt])
+        return out["logits"] if k else dev.zeros((0, vocab), "float32")
+
+    def close(self) -> None:
+        self.bufs.clear()
+
+
 class TensorRTPrimitives(PrimitivesBase):
     """The copy model (the TensorRT fake) or a decoder, and the verify-and-sample
     graph, as engines behind the Primitives protocol.
 
     Construct with :meth:`open` (TensorRT engines from a manifest directory),
     :meth:`fake` (the copy model for a :class:`~sf_trt.fake.FakeConfig`) or
-    :meth:`stand_in` (the same graphs on onnxruntime, CPU; for tests).
+    :meth:`stand_in` (the same graphs on onnxruntime, CPU; for tests). The
+    model engine is told apart by its inputs: ``history`` (the copy model's
+    token state) or ``past_key_0`` ... (a decoder's KV cache).
 
-    The model engine is told apart by its inputs: ``history`` (the copy
-    model's token state) or a decoder's KV cache.
+    Capabilities come from the engines: ``vocab`` from the logits, ``max_lanes``
+    and ``max_context`` from the state buffers, ``max_rows_per_pass`` from the
+    profile; ``eos`` and ``top_k_limit`` from the caller or the manifest's meta.
     """
 
     def __init__(
@@ -413,49 +544,31 @@ class TensorRTPrimitives(PrimitivesBase):
         top_k_limit: int | None = None,
         max_rows_per_pass: int | None = None,
     ) -> None:
-        self._model, self._verify, self._dev = model, verify, device
-        plan = model.plan
-        if COPY_STATE not in plan:
-            raise _refuse(f"model engine {model.name!r} has no {COPY_STATE!r} input; inputs: {[b.name for b in plan.inputs()]}")
-        logits = plan.outputs()[0]
-        state = plan[COPY_STATE]
-        if len(state.shape) != 2 or len(logits.shape) != 2:
-            raise _refuse(f"model engine {model.name!r}: expected {COPY_STATE} [lanes, context] and logits [rows, vocab]")
-        max_lanes, max_context = state.shape
-        vocab = logits.shape[1]
-        rows_max = max(b.shape[0] for b in plan.inputs() if b.name != COPY_STATE)
-        self._check_verify_plan(verify.plan, vocab)
+        self._verify, self._dev = verify, device
+        names = [b.name for b in model.plan.inputs()]
+        if COPY_STATE in model.plan:
+            self._model: _CopyModel | _Decoder | None = _CopyModel(model, device)
+        elif all(n in model.plan for n in DECODER_INPUTS):
+            self._model = _Decoder(model, device)
+        else:
+            raise _refuse(
+                f"model engine {model.name!r} is neither the copy model ({COPY_STATE!r} input) nor a decoder "
+                f"({', '.join(DECODER_INPUTS)}); its inputs: {names}"
+            )
+        m = self._model
+        _check_verify_plan(verify.plan, m.vocab)
         if top_k_limit is None:
             raise _refuse(f"top_k_limit not given (the largest top_k verify engine {verify.name!r} was built for)")
-        top_k = top_k_limit
+        if max_rows_per_pass is not None and max_rows_per_pass > m.max_rows:
+            raise _refuse(f"max_rows_per_pass {max_rows_per_pass} exceeds the engine's profile ({m.max_rows} rows)")
+        verify_max = verify.plan[VERIFY_LOGITS].shape[0]
         super().__init__(
             Capabilities(
-                vocab=int(vocab), eos=int(eos), max_lanes=int(max_lanes), max_context=int(max_context),
-                max_rows_per_pass=int(max_rows_per_pass or rows_max), verify_rows=verify_rows,
-                truncate_partial=truncate_partial, kernel_capabilities=kernel_capabilities, top_k_limit=int(top_k),
+                vocab=int(m.vocab), eos=int(eos), max_lanes=int(m.max_lanes), max_context=int(m.max_context),
+                max_rows_per_pass=int(min(max_rows_per_pass or m.max_rows, verify_max)), verify_rows=verify_rows,
+                truncate_partial=truncate_partial, kernel_capabilities=kernel_capabilities, top_k_limit=int(top_k_limit),
             )
         )
-        if self.capabilities.max_rows_per_pass > rows_max:
-            raise _refuse(f"max_rows_per_pass {max_rows_per_pass} exceeds the engine's profile ({rows_max} rows)")
-        self._state = device.zeros(state.shape, state.dtype)  # [max_lanes, max_context]: tokens by position
-        model.bind(COPY_STATE, self._state)
-        self._state_dtype = state.dtype
-        self._row_inputs = [b for b in plan.inputs() if b.name != COPY_STATE]
-
-    @staticmethod
-    def _check_verify_plan(plan: BufferPlan, vocab: int) -> None:
-        names = {b.name for b in plan.inputs()}
-        wanted = {VERIFY_LOGITS} | {f.name for f in dataclasses.fields(SampleRows)}
-        if names != wanted:
-            raise _refuse(
-                f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} "
-                f"(logits and the SampleRows fields)"
-            )
-        outs = {b.name for b in plan.outputs()}
-        if not {VERIFY_TOKENS, VERIFY_MATCH} <= outs:
-            raise _refuse(f"verify engine {plan.engine!r} outputs {sorted(outs)}; expected {VERIFY_TOKENS!r} and {VERIFY_MATCH!r}")
-        if plan[VERIFY_LOGITS].shape[1] != vocab:
-            raise _refuse(f"verify engine {plan.engine!r} takes vocab {plan[VERIFY_LOGITS].shape[1]}, the model returns {vocab}")
 
     # -- constructors ----------------------------------------------------------------
 
@@ -469,7 +582,7 @@ class TensorRTPrimitives(PrimitivesBase):
         eos: int | None = None,
         device: int = 0,
         cuda_graphs: bool = False,
-        cuda_graph_limit: int = 4,
+        cuda_graph_limit: int = 8,
         **caps: Any,
     ) -> "TensorRTPrimitives":
         """Load engines ``model`` and ``verify`` from ``engine_dir`` after
@@ -495,32 +608,28 @@ class TensorRTPrimitives(PrimitivesBase):
             cc, _ = device_info(device)
         except BuildError as exc:
             raise _refuse(str(exc)) from None
-        dev = _TorchDevice(torch, device)
-        logger = trt.Logger(trt.Logger.WARNING)
-        runtime = trt.Runtime(logger)
-        runners = []
         for name in (model, verify):
-            entry = entries.get(name)
-            if entry is None:
+            if name not in entries:
                 raise _refuse(f"no engine {name!r} in {os.fspath(engine_dir)}/manifest.json (has: {sorted(entries)})")
-            path = Path(engine_dir) / entry.engine_file
             try:
-                check_manifest(entry, trt.__version__, cc, engine_path=path)
+                check_manifest(entries[name], trt.__version__, cc, engine_path=Path(engine_dir) / entries[name].engine_file)
             except BuildError as exc:
                 raise _refuse(str(exc)) from None
-            plan = BufferPlan.from_manifest(entry)
-            runners.append(
-                _TrtRunner(
-                    trt, runtime, name, path.read_bytes(), plan, dev, cuda_graphs=cuda_graphs,
-                    graph_limit=cuda_graph_limit, graph_max_rows=_max_lanes_of(plan), logger=logger,
-                )
-            )
         if eos is None:
             if "eos" not in entries[model].meta:
                 raise _refuse(f"eos not given and not in the manifest's meta for {model!r}")
             eos = int(entries[model].meta["eos"])
         if "top_k_limit" in entries[verify].meta:
             caps.setdefault("top_k_limit", int(entries[verify].meta["top_k_limit"]))
+        dev = _TorchDevice(torch, device)
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        runners = [
+            _TrtRunner(
+                trt, runtime, name, (Path(engine_dir) / entries[name].engine_file).read_bytes(),
+                BufferPlan.from_manifest(entries[name]), dev, cuda_graphs=cuda_graphs, graph_limit=cuda_graph_limit,
+            )
+            for name in (model, verify)
+        ]
         return cls(runners[0], runners[1], dev, eos=eos, **caps)
 
     @classmethod
@@ -530,20 +639,27 @@ class TensorRTPrimitives(PrimitivesBase):
         return cls.open(
             engine_dir, model=kw.pop("model", "copy_model"), eos=cfg.eos, verify_rows=cfg.verify_rows,
             truncate_partial=cfg.truncate_partial, kernel_capabilities=cfg.kernel_capabilities,
-            top_k_limit=min(cfg.top_k_limit, cfg.vocab), **kw,
+            top_k_limit=min(cfg.top_k_limit, cfg.vocab), max_rows_per_pass=cfg.max_rows_per_pass, **kw,
         )
 
     @classmethod
     def stand_in(
-        cls, model_graph: Any, verify_graph: Any, *, max_rows_per_pass: int, eos: int, top_k_limit: int, **caps: Any
+        cls, model_graph: Any, verify_graph: Any, *, max_rows_per_pass: int, eos: int, top_k_limit: int,
+        max_lanes: int | None = None, max_context: int | None = None, **caps: Any,
     ) -> "TensorRTPrimitives":
         """The same pass logic with onnxruntime on the CPU in place of the
         engines (``model_graph`` / ``verify_graph``: ONNX models or paths).
 
         Not a production path: it exists so that everything but libnvinfer
-        and the device copies is tested where there is no GPU.
+        and the device copies is tested where there is no GPU. ``max_lanes``
+        / ``max_context`` size a decoder's symbolic caches and bound its lanes
+        per pass (as ``sf-trt build --max-lanes/--max-context`` would).
         """
-        dims = {"rows": max_rows_per_pass}
+        dims = {"rows": max_rows_per_pass, "logit_rows": max_rows_per_pass, "batch": max_lanes or max_rows_per_pass}
+        if max_lanes is not None:
+            dims["max_lanes"] = max_lanes
+        if max_context is not None:
+            dims["cache_len"] = max_context + 1
         model_plan = BufferPlan.from_onnx(model_graph, name="model", dims=dims)
         verify_plan = BufferPlan.from_onnx(verify_graph, name="verify", dims=dims)
         return cls(
@@ -556,24 +672,11 @@ class TensorRTPrimitives(PrimitivesBase):
     # -- the protocol's backend half --------------------------------------------------------
 
     def _forward_impl(self, rows: Rows) -> Any:
-        dev = self._dev
-        lanes = dev.to_device(rows.lanes)
-        positions = dev.to_device(rows.positions)
-        dev.put(self._state, (lanes, positions), dev.to_device(rows.tokens.astype(_numpy_dtype(self._state_dtype))))
-        k = int(rows.logit_rows.size)
-        if k == 0:
-            return dev.zeros((0, self.capabilities.vocab), "float32")
-        pick = rows.logit_rows
-        feeds = {
-            b.name: dev.to_device(getattr(rows, b.name)[pick].astype(_numpy_dtype(b.dtype)))
-            for b in self._row_inputs
-        }
-        return self._model.run(feeds)[self._model.plan.outputs()[0].name]
+        return self._model.forward(rows, self.capabilities.vocab)
 
     def _verify_sample_impl(self, logits: Any, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         dev = self._dev
-        k = sample.num_rows
-        if k == 0:
+        if sample.num_rows == 0:
             return np.zeros(0, np.int64), np.zeros(0, bool)
         feeds = {VERIFY_LOGITS: logits}
         for b in self._verify.plan.inputs():
@@ -591,15 +694,23 @@ class TensorRTPrimitives(PrimitivesBase):
         return self._dev.to_host(logits).astype(np.float32, copy=False)
 
     def close(self) -> None:
-        for r in (self._model, self._verify):
-            if r is not None:
-                r.close()
+        if self._model is not None:
+            self._model.runner.close()
+            self._model.close()
+        if self._verify is not None:
+            self._verify.close()
         self._model = self._verify = None
-        self._state = None
 
 
-def _max_lanes_of(plan: BufferPlan) -> int:
-    """Rows of a plain decode step (one per lane): the shapes worth capturing."""
-    if COPY_STATE in plan:
-        return plan[COPY_STATE].shape[0]
-    return plan.dims.get("lanes", 0)
+def _check_verify_plan(plan: BufferPlan, vocab: int) -> None:
+    names = {b.name for b in plan.inputs()}
+    wanted = {VERIFY_LOGITS} | {f.name for f in dataclasses.fields(SampleRows)}
+    if names != wanted:
+        raise _refuse(
+            f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} (logits and the SampleRows fields)"
+        )
+    outs = {b.name for b in plan.outputs()}
+    if not {VERIFY_TOKENS, VERIFY_MATCH} <= outs:
+        raise _refuse(f"verify engine {plan.engine!r} outputs {sorted(outs)}; expected {VERIFY_TOKENS!r} and {VERIFY_MATCH!r}")
+    if plan[VERIFY_LOGITS].shape[1] != vocab:
+        raise _refuse(f"verify engine {plan.engine!r} takes vocab {plan[VERIFY_LOGITS].shape[1]}, the model returns {vocab}")
