@@ -1,0 +1,283 @@
+"""A Llama-architecture GGUF file as a config and float32 weights.
+
+:func:`load_gguf` reads the metadata and tensors with ``gguf.GGUFReader`` and
+dequantizes every tensor to float32 with ``gguf.quants.dequantize``. It refuses
+an architecture other than ``llama`` and a tensor type that ``gguf`` cannot
+dequantize, naming what it found.
+
+Layout of the weights (:class:`LlamaWeights`): matrices are ``[out, in]`` as
+stored (PyTorch's ``nn.Linear`` layout). **Rotary layout**: llama.cpp's converter
+permutes the rows of ``attn_q`` / ``attn_k`` within each head so that the two
+halves HF's ``rotate_half`` pairs (dims ``i`` and ``i + head_dim/2``) become
+adjacent (dims ``2i`` and ``2i + 1``). The weights here keep that GGUF order,
+so the rotation they need is the *interleaved* one (GPT-J style: rotate each
+adjacent pair ``(2i, 2i+1)`` by ``position * theta**(-2i/head_dim)``).
+:func:`unpermute_rotary_rows` turns them back into HF's order, where
+``rotate_half`` applies (tests check the two agree, and that the interleaved
+convention is the one that gives the real model a low perplexity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+__all__ = ["GGUFError", "LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "load_gguf", "open_reader", "read_config", "unpermute_rotary_rows"]
+
+
+class GGUFError(ValueError):
+    """A GGUF file this loader cannot use; the message names the file and what was wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a Llama decoder, validated when constructed."""
+
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rope_theta: float
+    rms_eps: float
+    context_length: int
+    tied_embeddings: bool
+    bos: int
+    eos: int
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab", "context_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"LlamaConfig: {name} must be a positive int (got {value!r})")
+            object.__setattr__(self, name, int(value))
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"LlamaConfig: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaConfig: head_dim must be even for rotary embeddings (got {self.head_dim})")
+        if not (self.rope_theta > 0 and self.rms_eps > 0):
+            raise ValueError(f"LlamaConfig: rope_theta and rms_eps must be > 0 (got {self.rope_theta}, {self.rms_eps})")
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        object.__setattr__(self, "rms_eps", float(self.rms_eps))
+        object.__setattr__(self, "tied_embeddings", bool(self.tied_embeddings))
+        for name in ("bos", "eos"):
+            value = int(getattr(self, name))
+            if not 0 <= value < self.vocab:
+                raise ValueError(f"LlamaConfig: {name} token {value} outside 0..{self.vocab - 1}")
+            object.__setattr__(self, name, value)
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = names - set(d)
+        if missing:
+            raise ValueError(f"LlamaConfig.from_dict: missing {sorted(missing)}")
+        return cls(**{k: d[k] for k in names})
+
+
+@dataclasses.dataclass
+class LlamaLayerWeights:
+    """One decoder layer, float32, ``[out, in]`` matrices (q/k rows in GGUF rotary order)."""
+
+    attn_norm: np.ndarray  # [hidden]
+    wq: np.ndarray  # [n_heads * head_dim, hidden]
+    wk: np.ndarray  # [n_kv_heads * head_dim, hidden]
+    wv: np.ndarray  # [n_kv_heads * head_dim, hidden]
+    wo: np.ndarray  # [hidden, n_heads * head_dim]
+    ffn_norm: np.ndarray  # [hidden]
+    w_gate: np.ndarray  # [ffn, hidden]
+    w_up: np.ndarray  # [ffn, hidden]
+    w_down: np.ndarray  # [hidden, ffn]
+
+
+@dataclasses.dataclass
+class LlamaWeights:
+    """All weights of a Llama decoder, float32. ``lm_head`` is None when tied to ``tok_embd``."""
+
+    tok_embd: np.ndarray  # [vocab, hidden]
+    layers: list[LlamaLayerWeights]
+    output_norm: np.ndarray  # [hidden]
+    lm_head: np.ndarray | None = None  # [vocab, hidden]
+
+    def output_matrix(self) -> np.ndarray:
+        """The ``[vocab, hidden]`` matrix the logits are computed with."""
+        return self.tok_embd if self.lm_head is None else self.lm_head
+
+    def check(self, cfg: LlamaConfig) -> None:
+        """Raise ValueError naming the first weight whose shape does not fit ``cfg``."""
+        q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        expect = {"tok_embd": (cfg.vocab, cfg.hidden), "output_norm": (cfg.hidden,)}
+        got = {"tok_embd": self.tok_embd.shape, "output_norm": self.output_norm.shape}
+        if self.lm_head is not None:
+            expect["lm_head"], got["lm_head"] = (cfg.vocab, cfg.hidden), self.lm_head.shape
+        if len(self.layers) != cfg.n_layers:
+            raise ValueError(f"LlamaWeights: {len(self.layers)} layers, config says {cfg.n_layers}")
+        layer_shapes = {
+            "attn_norm": (cfg.hidden,), "wq": (q, cfg.hidden), "wk": (kv, cfg.hidden), "wv": (kv, cfg.hidden),
+            "wo": (cfg.hidden, q), "ffn_norm": (cfg.hidden,), "w_gate": (cfg.ffn, cfg.hidden),
+            "w_up": (cfg.ffn, cfg.hidden), "w_down": (cfg.hidden, cfg.ffn),
+        }
+        for i, layer in enumerate(self.layers):
+            for name, shape in layer_shapes.items():
+                expect[f"layers[{i}].{name}"] = shape
+                got[f"layers[{i}].{name}"] = getattr(layer, name).shape
+        for name, shape in expect.items():
+            if tuple(got[name]) != shape:
+                raise ValueError(f"LlamaWeights: {name} has shape {tuple(got[name])}, expected {shape}")
+
+
+def unpermute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """GGUF (interleaved-pair) q/k rows -> HF (half-split) order, per head.
+
+    Inverse of llama.cpp's converter permutation: GGUF row ``2i + h`` of a head
+    is HF row ``h * head_dim/2 + i``.
+    """
+    rows = w.shape[0]
+    head_dim = rows // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# -- reading ---------------------------------------------------------------------
+
+
+def open_reader(path: str | os.PathLike):
+    """``gguf.GGUFReader`` over ``path``; GGUFError when it is missing or unreadable."""
+    import gguf
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise GGUFError(f"{path}: no such file (expected a GGUF model file)")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise GGUFError(f"{path}: not a GGUF file (expected magic b'GGUF', found {magic!r})")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # the reader raises ValueError/IndexError/... on a cut file
+        raise GGUFError(f"{path}: GGUF file is truncated or corrupt ({type(exc).__name__}: {exc})") from exc
+
+
+def _path_of(reader) -> str:
+    return str(getattr(reader.data, "filename", None) or "<gguf>")
+
+
+def _field(reader, key: str, default: Any = None, *, required: bool = True) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        if required:
+            raise GGUFError(f"{_path_of(reader)}: GGUF metadata has no {key!r}")
+        return default
+    return field.contents()
+
+
+def read_config(reader) -> LlamaConfig:
+    """The :class:`LlamaConfig` of an open GGUF reader; refuses a non-llama architecture."""
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise GGUFError(f"{_path_of(reader)}: architecture {arch!r} is not supported (expected 'llama')")
+    n_heads = int(_field(reader, "llama.attention.head_count"))
+    hidden = int(_field(reader, "llama.embedding_length"))
+    head_dim = int(_field(reader, "llama.attention.key_length", hidden // n_heads, required=False))
+    rope_dim = int(_field(reader, "llama.rope.dimension_count", head_dim, required=False))
+    if rope_dim != head_dim:
+        raise GGUFError(f"{_path_of(reader)}: partial rotary embeddings (rope dims {rope_dim} of head dim {head_dim}) are not supported")
+    if _field(reader, "llama.rope.scaling.type", "none", required=False) not in ("none", None):
+        raise GGUFError(f"{_path_of(reader)}: rope scaling {_field(reader, 'llama.rope.scaling.type')!r} is not supported")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = int(_field(reader, "llama.vocab_size", len(tokens.data) if tokens is not None else 0, required=False))
+    names = {t.name for t in reader.tensors}
+    try:
+        return LlamaConfig(
+            n_layers=int(_field(reader, "llama.block_count")),
+            hidden=hidden,
+            n_heads=n_heads,
+            n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads, required=False)),
+            head_dim=head_dim,
+            ffn=int(_field(reader, "llama.feed_forward_length")),
+            vocab=vocab,
+            rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0, required=False)),
+            rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+            context_length=int(_field(reader, "llama.context_length")),
+            tied_embeddings="output.weight" not in names,
+            bos=int(_field(reader, "tokenizer.ggml.bos_token_id", 1, required=False)),
+            eos=int(_field(reader, "tokenizer.ggml.eos_token_id", 2, required=False)),
+        )
+    except ValueError as exc:
+        raise GGUFError(f"{_path_of(reader)}: {exc}") from exc
+
+
+def _dequantize(reader, tensor) -> np.ndarray:
+    import gguf
+
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise GGUFError(
+            f"{_path_of(reader)}: tensor {tensor.name!r} has type {tensor.tensor_type.name}, which gguf "
+            f"{getattr(gguf, '__version__', '')} cannot dequantize ({exc})"
+        ) from exc
+    # GGUF lists dims innermost first; numpy wants them outermost first.
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+
+
+_LAYER_TENSORS = {
+    "attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+    "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down",
+}
+
+
+def load_gguf(
+    path: Any, progress: bool | Callable[[Iterable], Iterable] = False
+) -> tuple[LlamaConfig, LlamaWeights]:
+    """Config and float32 weights of the Llama GGUF at ``path`` (or an open ``GGUFReader``).
+
+    ``progress``: True for a tqdm bar over the tensors (or a wrapper of your own).
+    Raises :class:`GGUFError` for a missing, truncated or foreign file, an
+    architecture other than llama, a missing tensor, or a tensor type gguf
+    cannot dequantize.
+    """
+    reader = path if hasattr(path, "tensors") else open_reader(path)
+    cfg = read_config(reader)
+    by_name = {t.name: t for t in reader.tensors}
+    wanted = ["token_embd.weight", "output_norm.weight"] + (["output.weight"] if not cfg.tied_embeddings else [])
+    wanted += [f"blk.{i}.{g}.weight" for i in range(cfg.n_layers) for g in _LAYER_TENSORS.values()]
+    missing = [n for n in wanted if n not in by_name]
+    if missing:
+        raise GGUFError(f"{_path_of(reader)}: GGUF has no tensor {missing[0]!r} ({len(missing)} missing; expected a llama model)")
+    names: Iterable[str] = wanted
+    if progress is True:
+        from tqdm import tqdm
+
+        names = tqdm(wanted, desc="dequantize", unit="tensor")
+    elif callable(progress):
+        names = progress(wanted)
+    arrays = {name: _dequantize(reader, by_name[name]) for name in names}
+    layers = [
+        LlamaLayerWeights(**{field: arrays[f"blk.{i}.{g}.weight"] for field, g in _LAYER_TENSORS.items()})
+        for i in range(cfg.n_layers)
+    ]
+    weights = LlamaWeights(
+        tok_embd=arrays["token_embd.weight"],
+        layers=layers,
+        output_norm=arrays["output_norm.weight"],
+        lm_head=None if cfg.tied_embeddings else arrays["output.weight"],
+    )
+    try:
+        weights.check(cfg)
+    except ValueError as exc:
+        raise GGUFError(f"{_path_of(reader)}: {exc}") from exc
+    return cfg, weights

@@ -1,0 +1,151 @@
+"""Shared fixtures: a tiny random Llama, the real SmolLM2 model, pass schedules.
+
+The real model is fetched and exported once per machine into the user cache
+(``$SF_TRT_CACHE`` or ``~/.cache/sf_trt``, see :mod:`sf_trt.models`); a session
+reuses that export when its recorded GGUF digest matches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from sf_trt.primitives import Rows
+
+# -- pass schedules -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedules:
+    """Ways to feed lanes' token sequences through a backend, pass by pass.
+
+    A schedule is a list of passes; a pass is a list of ``(lane, n_rows)`` in the
+    order the rows are packed. :meth:`run` returns each lane's logits at every
+    position, ``{lane: [len, vocab] float32}``.
+    """
+
+    seqs: dict[int, np.ndarray]
+
+    def plain(self) -> list[list[tuple[int, int]]]:
+        """One row per pass, one lane at a time: what plain decoding does."""
+        return [[(lane, 1)] for lane, s in self.seqs.items() for _ in range(len(s))]
+
+    def chunked(self, rows: int) -> list[list[tuple[int, int]]]:
+        """Each lane alone, ``rows`` rows per pass."""
+        out = []
+        for lane, s in self.seqs.items():
+            for start in range(0, len(s), rows):
+                out.append([(lane, min(rows, len(s) - start))])
+        return out
+
+    def mixed(self, sizes: list[int], order: Callable[[int], list[int]]) -> list[list[tuple[int, int]]]:
+        """All lanes share passes; lane l takes ``sizes[(l + k) % len(sizes)]`` rows in
+        pass k, lanes packed in ``order(k)``."""
+        left = {lane: len(s) for lane, s in self.seqs.items()}
+        out, k = [], 0
+        while any(left.values()):
+            p = []
+            for lane in order(k):
+                n = min(sizes[(lane + k) % len(sizes)], left[lane])
+                if n:
+                    p.append((lane, n))
+                    left[lane] -= n
+            out.append(p)
+            k += 1
+        return out
+
+    def run(self, prims, schedule) -> dict[int, np.ndarray]:
+        logits: dict[int, list] = {lane: [None] * len(s) for lane, s in self.seqs.items()}
+        for lane in self.seqs:
+            prims.release(lane)
+        for p in schedule:
+            lanes, positions, tokens = [], [], []
+            for lane, n in p:
+                start = prims.state_len(lane)
+                lanes += [lane] * n
+                positions += range(start, start + n)
+                tokens += list(self.seqs[lane][start:start + n])
+            out = prims.forward(
+                Rows(np.asarray(lanes, np.int64), np.asarray(positions, np.int64), np.asarray(tokens, np.int64), np.arange(len(lanes), dtype=np.int64))
+            )
+            for i, (lane, pos) in enumerate(zip(lanes, positions)):
+                logits[lane][pos] = out[i].copy()
+        for lane in self.seqs:
+            prims.release(lane)
+        return {lane: np.stack(v) for lane, v in logits.items()}
+
+
+@pytest.fixture
+def schedules():
+    return Schedules
+
+
+# -- the tiny random model ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """``(cfg, weights)`` of the tiny random Llama."""
+    from export.decoder import random_llama_weights, tiny_llama_config
+
+    cfg = tiny_llama_config()
+    return cfg, random_llama_weights(cfg, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny, tmp_path_factory):
+    """A model directory holding the tiny model's graph (no tokenizer)."""
+    from export.decoder import build_decoder_graph, write_model_dir
+
+    cfg, weights = tiny
+    return write_model_dir(tmp_path_factory.mktemp("tiny") / "model", cfg, build_decoder_graph(cfg, weights))
+
+
+# -- the real model --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def real_gguf():
+    """The SmolLM2-135M-Instruct GGUF, fetched into the user cache on first use."""
+    from sf_trt.models import ModelError, default_gguf_path
+
+    try:
+        return default_gguf_path(progress=False)
+    except ModelError as exc:
+        pytest.fail(f"the real model could not be fetched: {exc}")
+
+
+@pytest.fixture(scope="session")
+def real_model_dir(real_gguf):
+    """The real model exported once (reused while its GGUF digest matches)."""
+    from sf_trt.models import default_model_dir
+
+    return default_model_dir(progress=False)
+
+
+@pytest.fixture(scope="session")
+def real_reader(real_gguf):
+    from export.gguf_llama import open_reader
+
+    return open_reader(real_gguf)
+
+
+@pytest.fixture(scope="session")
+def real_weights(real_reader):
+    """``(cfg, weights)`` of the real model, float32 as dequantized from the GGUF."""
+    from export.gguf_llama import load_gguf
+
+    return load_gguf(real_reader)
+
+
+@pytest.fixture(scope="session")
+def real_prims(real_model_dir):
+    """The real model on onnxruntime: 4 lanes of 256 positions."""
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+
+    prims = OrtDecoderPrimitives(real_model_dir, max_lanes=4, max_context=256)
+    yield prims
+    prims.close()
