@@ -15,24 +15,26 @@ goes through has a length and a layout that do not depend on the pass:
 * rotary tables are gathered by position (no Sin/Cos kernels, whose vector tails
   could depend on the tensor size).
 
-Inputs (``B`` lanes in the pass, ``T`` rows per lane, ``K`` logit rows,
-``S = max_context + 1``)::
+Inputs (``B`` lanes in the pass, ``T`` rows per lane, ``K`` logit rows, ``L``
+cache slots, ``S = max_context + 1``)::
 
     input_ids    int64 [B, T]
     positions    int64 [B, T]      absolute position of each row; padding rows use
                                    S - 1 (= max_context, the trash slot)
+    lane_ids     int64 [B]         cache slot of each lane of the pass
     logit_index  int64 [K]         flat rows b * T + t whose logits are wanted
-    past_key_i   float32 [B, n_kv_heads, S, head_dim]   the caches of the pass's
-    past_value_i float32 [B, n_kv_heads, S, head_dim]   lanes, lane b's at b (read only)
+    past_key_i   float32 [L, n_kv_heads, S, head_dim]   (one pair per layer i;
+    past_value_i float32 [L, n_kv_heads, S, head_dim]    read only)
 
-With ``cache_inputs="slots"`` the caches are instead all slots,
-``[max_lanes, n_kv_heads, S, head_dim]``, plus ``lane_ids int64 [B]`` (the slot of
-each lane), and the graph gathers the pass's lanes itself. onnxruntime's CPU
-ScatterND always copies its input (its kernel is not declared in-place), so the
-gathered form costs two copies of every lane's cache per layer where the default
-costs one; the onnxruntime backend therefore selects the lanes on the host (a
-zero-copy view when their slots are contiguous). A GPU backend, where a gather
-is cheap, may prefer ``"slots"``.
+That is the ``"slots"`` form (the default, and what TensorRT engines are built
+from: the caches stay bound whole, the graph gathers the pass's lanes). The
+``"pass"`` form (:func:`pass_form`) drops ``lane_ids`` and takes the pass's
+lanes' caches directly, ``past_key_i [B, n_kv_heads, S, head_dim]``, lane b's at
+b. onnxruntime's CPU ScatterND always copies its input (its kernel is not
+declared in-place), so on the CPU the gathered form costs two copies of every
+lane's cache per layer and the pass form one; the onnxruntime backend runs the
+pass form over zero-copy views of the host cache. A model directory holds both
+(``decoder.onnx``, ``decoder_pass.onnx``), sharing one weight file.
 
 Outputs::
 
@@ -41,12 +43,12 @@ Outputs::
                                    no lm_head
     new_kv  float32 [n_layers, 2, B, T, n_kv_heads, head_dim]  this pass's K (0)
                                    and V (1), post-rotary; the host writes row
-                                   (b, t) into its cache at (lane b's slot, :,
+                                   (b, t) into its cache at (lane_ids[b], :,
                                    positions[b, t], :), skipping padding rows
 
 A real row at position ``p < max_context`` sees keys ``j <= p``; a padding row
 (position ``max_context``) sees everything, and its output is thrown away.
-``B``, ``S`` (and ``max_lanes``) are symbolic unless given, so one exported graph
+``B``, ``L`` and ``S`` are symbolic unless given, so one exported graph
 serves any ``max_lanes`` / ``max_context`` up to the model's context length.
 
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
@@ -85,6 +87,7 @@ __all__ = [
     "random_llama_weights",
     "rope_tables",
     "build_decoder_graph",
+    "pass_form",
     "reference_forward",
     "export_model_dir",
     "write_model_dir",
@@ -93,11 +96,13 @@ __all__ = [
 ]
 
 OPSET = 17
-FORMAT_VERSION = 2  # bump whenever the graph or the directory layout changes: old exports are rebuilt
-INPUTS = ("input_ids", "positions", "logit_index")
+FORMAT_VERSION = 3  # bump whenever the graph or the directory layout changes: old exports are rebuilt
+INPUTS = ("input_ids", "positions", "lane_ids", "logit_index")
+"""The per-pass inputs of the default (slots) form; the pass form has no lane_ids."""
 CACHE_INPUTS = ("pass", "slots")
 OUTPUTS = ("logits", "new_kv")
 GRAPH_FILE = "decoder.onnx"
+PASS_GRAPH_FILE = "decoder_pass.onnx"
 DATA_FILE = "decoder.onnx.data"
 CONFIG_FILE = "config.json"
 
@@ -201,7 +206,7 @@ def build_decoder_graph(
     max_lanes: int | None = None,
     max_context: int | None = None,
     *,
-    cache_inputs: str = "pass",
+    cache_inputs: str = "slots",
 ) -> onnx.ModelProto:
     """The decoder graph (see the module docstring for inputs and outputs).
 
@@ -332,6 +337,44 @@ def build_decoder_graph(
     return model
 
 
+def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the
+    caches of the pass's lanes as inputs (see the module docstring).
+
+    Works on the graph alone (initializers are shared, never copied), so it can
+    be applied to a graph loaded without its external data.
+    """
+    graph = model.graph
+    if "lane_ids" not in {i.name for i in graph.input}:
+        raise ValueError("pass_form: the graph has no lane_ids input (already the pass form?)")
+    caches = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
+    gathers = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
+    out = onnx.ModelProto()
+    out.ir_version, out.producer_name = model.ir_version, model.producer_name
+    out.opset_import.extend(model.opset_import)
+    g = out.graph
+    g.name = graph.name
+    g.initializer.extend(graph.initializer)
+    for node in graph.node:
+        if node.output[0] in gathers:
+            continue
+        new = g.node.add()
+        new.CopyFrom(node)
+        for k, name in enumerate(new.input):
+            if name in gathers:
+                new.input[k] = gathers[name]
+    for vi in graph.input:
+        if vi.name == "lane_ids":
+            continue
+        new = g.input.add()
+        new.CopyFrom(vi)
+        if vi.name in caches:
+            new.type.tensor_type.shape.dim[0].Clear()
+            new.type.tensor_type.shape.dim[0].dim_param = "batch"
+    g.output.extend(graph.output)
+    return out
+
+
 # -- the numpy float64 reference ---------------------------------------------------------
 
 
@@ -426,15 +469,15 @@ def read_model_dir(model_dir: str | os.PathLike) -> dict[str, Any]:
 def _graph_facts(cfg: LlamaConfig) -> dict[str, Any]:
     return {
         "opset": OPSET,
-        "cache_inputs": "pass",
+        "graphs": {GRAPH_FILE: "slots", PASS_GRAPH_FILE: "pass"},
         "inputs": list(INPUTS) + ["past_key_{i}", "past_value_{i}"],
         "outputs": list(OUTPUTS),
-        "cache_layout": "[batch, n_kv_heads, max_context + 1, head_dim] float32 (the pass's lanes); position max_context is the trash slot",
+        "cache_layout": "[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] float32; position max_context is the trash slot",
         "new_kv_layout": "[n_layers, 2 (key, value), batch, rows, n_kv_heads, head_dim] float32",
         "padding_position": "max_context",
         "rope": "interleaved pairs (GGUF q/k row order)",
         "max_positions": cfg.context_length,
-        "dynamic_dims": ["batch", "rows", "logit_rows", "cache_len"],
+        "dynamic_dims": ["batch", "rows", "logit_rows", "max_lanes", "cache_len"],
     }
 
 
@@ -445,10 +488,12 @@ def write_model_dir(
     tokenizer: Any = None,
     source: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a model directory: the graph (external data), ``config.json`` and,
-    when given, the tokenizer files. Written into a temporary directory beside
+    """Write a model directory: the graph ``model`` (slots form, weights as
+    external data), its pass form, ``config.json`` and, when given, the tokenizer files. Written into a temporary directory beside
     ``out_dir`` and renamed into place, so an interrupted write never leaves a
     half-written model behind. ``source`` is recorded as ``config.json["gguf"]``."""
+    if "lane_ids" not in {i.name for i in model.graph.input}:
+        raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -457,6 +502,8 @@ def write_model_dir(
             model, str(tmp / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
             location=DATA_FILE, size_threshold=1024,
         )
+        # the pass form references the same weight file (its initializers now point there)
+        onnx.save_model(pass_form(onnx.load(str(tmp / GRAPH_FILE), load_external_data=False)), str(tmp / PASS_GRAPH_FILE))
         if tokenizer is not None:
             tokenizer.save(tmp)
         umask = os.umask(0)

@@ -24,7 +24,7 @@ class Schedules:
 
     A schedule is a list of passes; a pass is a list of ``(lane, n_rows)`` in the
     order the rows are packed. :meth:`run` returns each lane's logits at every
-    position, ``{lane: [len, vocab] float32}``.
+    position it was fed, ``{lane: [n, vocab] float32}``.
     """
 
     seqs: dict[int, np.ndarray]
@@ -44,7 +44,8 @@ class Schedules:
     def mixed(self, sizes: list[int], order: Callable[[int], list[int]]) -> list[list[tuple[int, int]]]:
         """All lanes share passes; lane l takes ``sizes[(l + k) % len(sizes)]`` rows in
         pass k, lanes packed in ``order(k)``."""
-        left = {lane: len(s) for lane, s in self.seqs.items()}
+        used = set(order(0)) | set(order(1))  # lanes the schedule feeds
+        left = {lane: len(s) for lane, s in self.seqs.items() if lane in used}
         out, k = [], 0
         while any(left.values()):
             p = []
@@ -75,7 +76,9 @@ class Schedules:
                 logits[lane][pos] = out[i].copy()
         for lane in self.seqs:
             prims.release(lane)
-        return {lane: np.stack(v) for lane, v in logits.items()}
+        vocab = prims.capabilities.vocab
+        # each lane's rows up to where the schedule stopped feeding it
+        return {lane: np.stack([r for r in v if r is not None] or [np.zeros(vocab, np.float32)])[: sum(r is not None for r in v)] for lane, v in logits.items()}
 
 
 @pytest.fixture

@@ -90,12 +90,18 @@ def test_registry_builds_the_decoder():
 
 
 def test_slots_form_equals_pass_form_bit_for_bit(tiny):
+    from export.decoder import pass_form
+
     cfg, weights = tiny
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    slots_graph = build_decoder_graph(cfg, weights)
+    converted = pass_form(slots_graph)
+    built = build_decoder_graph(cfg, weights, cache_inputs="pass")
+    assert [n.op_type for n in converted.graph.node] == [n.op_type for n in built.graph.node]
     run = {
-        form: ort.InferenceSession(build_decoder_graph(cfg, weights, cache_inputs=form).SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        for form in ("pass", "slots")
+        form: ort.InferenceSession(g.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        for form, g in (("pass", converted), ("slots", slots_graph))
     }
     rng = np.random.default_rng(3)
     slots = rng.standard_normal((cfg.n_layers * 2, 3, cfg.n_kv_heads, 33, cfg.head_dim)).astype(np.float32)
@@ -460,4 +466,16 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
 
 def test_config_json_records_the_graph_facts(tiny_model_dir):
     meta = json.loads((tiny_model_dir / "config.json").read_text())
-    assert meta["graph"]["cache_inputs"] == "pass" and meta["graph"]["padding_position"] == "max_context"
+    assert meta["graph"]["graphs"] == {"decoder.onnx": "slots", "decoder_pass.onnx": "pass"}
+    assert meta["graph"]["padding_position"] == "max_context"
+    assert {"decoder.onnx", "decoder_pass.onnx", "decoder.onnx.data"} <= set(meta["files"])
+
+
+def test_both_forms_run_from_the_model_dir_bit_for_bit(tiny_model_dir):
+    out = {}
+    for form in ("pass", "slots"):
+        with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, cache_inputs=form) as p:
+            a = p.forward(concat(rows(2, 0, SEQ[:9]), rows(0, 0, SEQ[9:12])))
+            b = p.forward(concat(rows(0, 3, SEQ[12:14]), rows(2, 9, SEQ[14:15])))
+            out[form] = np.concatenate([a, b])
+    assert np.array_equal(bits(out["pass"]), bits(out["slots"]))

@@ -62,7 +62,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
     ``optimization``: onnxruntime's graph optimization level, one of
     :data:`OPTIMIZATION_LEVELS` (all of them keep rows exact; see
     ``tests/test_row_independence.py``); ``pass_cost_rows``: how many rows of
-    padding one extra graph run is worth (packing heuristic, never exactness).
+    padding one extra graph run is worth (packing heuristic, never exactness);
+    ``cache_inputs``: which graph form to run (``"pass"``, or ``"slots"`` for
+    comparison).
     """
 
     def __init__(
@@ -78,10 +80,11 @@ class OrtDecoderPrimitives(PrimitivesBase):
         top_k_limit: int = 1024,
         pass_cost_rows: int = 12,
         sampler_threads: int = 1,
+        cache_inputs: str = "pass",
     ) -> None:
         import onnxruntime as ort
 
-        from export.decoder import GRAPH_FILE, read_model_dir
+        from export.decoder import CACHE_INPUTS, GRAPH_FILE, PASS_GRAPH_FILE, read_model_dir
         from export.gguf_llama import LlamaConfig
 
         self.model_dir = Path(model_dir)
@@ -97,6 +100,8 @@ class OrtDecoderPrimitives(PrimitivesBase):
             raise _bad(f"max_context {max_context} outside 2..{max_positions} (the model's context length)")
         if max_rows_per_pass < 1:
             raise _bad(f"max_rows_per_pass must be >= 1 (got {max_rows_per_pass})")
+        if cache_inputs not in CACHE_INPUTS:
+            raise _bad(f"cache_inputs {cache_inputs!r} unknown (known: {', '.join(CACHE_INPUTS)})")
         if optimization not in OPTIMIZATION_LEVELS:
             raise _bad(f"optimization {optimization!r} unknown (known: {', '.join(OPTIMIZATION_LEVELS)})")
         top_k_limit = min(int(top_k_limit), cfg.vocab)
@@ -125,7 +130,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[optimization]
         self.providers = list(providers) if providers else ["CPUExecutionProvider"]
-        self._session = ort.InferenceSession(str(self.model_dir / GRAPH_FILE), opts, providers=self.providers)
+        self.cache_inputs = cache_inputs
+        graph_file = PASS_GRAPH_FILE if cache_inputs == "pass" else GRAPH_FILE
+        self._session = ort.InferenceSession(str(self.model_dir / graph_file), opts, providers=self.providers)
 
         # The KV cache, host side, allocated once. A run binds views of it.
         shape = (cfg.n_layers, self.capabilities.max_lanes, cfg.n_kv_heads, max_context + 1, cfg.head_dim)
@@ -138,6 +145,8 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._staged: list | None = None
         self.cache_copies = 0
         """Runs whose lanes' slots were not contiguous, so their caches were copied."""
+        if cache_inputs == "slots":  # the whole cache, bound once; the graph gathers the lanes
+            self._bind_range(0, self.capabilities.max_lanes)
 
         self.tokenizer = None
         if (self.model_dir / "tokenizer.json").is_file():
@@ -205,30 +214,36 @@ class OrtDecoderPrimitives(PrimitivesBase):
             end = cut[end]
         return groups[::-1]
 
-    def _bind_caches(self, slots: np.ndarray) -> None:
-        """Bind past_key_i / past_value_i to the caches of ``slots`` (ascending)."""
-        first, n = int(slots[0]), int(slots.shape[0])
-        contiguous = int(slots[-1]) - first + 1 == n
-        if contiguous and self._bound == (first, n):
-            return
-        if contiguous:
-            values = self._views.get((first, n))
-            if values is None:
-                values = self._views[(first, n)] = [
-                    self._ort.OrtValue.ortvalue_from_numpy(arr[i, first:first + n])
-                    for i in range(self.config.n_layers)
-                    for arr in (self._keys, self._values)
-                ]
-            self._bound = (first, n)
-        else:
-            self.cache_copies += 1
-            keys, vals = self._keys[:, slots], self._values[:, slots]  # copies
-            values = [self._ort.OrtValue.ortvalue_from_numpy(arr[i]) for i in range(self.config.n_layers) for arr in (keys, vals)]
-            self._bound = None
-            self._staged = values  # alive until the next bind
+    def _bind_range(self, first: int, n: int) -> None:
+        values = self._views.get((first, n))
+        if values is None:
+            values = self._views[(first, n)] = [
+                self._ort.OrtValue.ortvalue_from_numpy(arr[i, first:first + n])
+                for i in range(self.config.n_layers)
+                for arr in (self._keys, self._values)
+            ]
         for i in range(self.config.n_layers):
             self._binding.bind_ortvalue_input(f"past_key_{i}", values[2 * i])
             self._binding.bind_ortvalue_input(f"past_value_{i}", values[2 * i + 1])
+        self._bound = (first, n)
+
+    def _bind_caches(self, slots: np.ndarray) -> None:
+        """Bind past_key_i / past_value_i to the caches of ``slots`` (ascending)."""
+        if self.cache_inputs == "slots":
+            self._binding.bind_cpu_input("lane_ids", slots)
+            return
+        first, n = int(slots[0]), int(slots.shape[0])
+        if int(slots[-1]) - first + 1 == n:  # contiguous: a view
+            if self._bound != (first, n):
+                self._bind_range(first, n)
+            return
+        self.cache_copies += 1
+        keys, vals = self._keys[:, slots], self._values[:, slots]  # copies
+        self._staged = [self._ort.OrtValue.ortvalue_from_numpy(arr[i]) for i in range(self.config.n_layers) for arr in (keys, vals)]
+        for i in range(self.config.n_layers):
+            self._binding.bind_ortvalue_input(f"past_key_{i}", self._staged[2 * i])
+            self._binding.bind_ortvalue_input(f"past_value_{i}", self._staged[2 * i + 1])
+        self._bound = None
 
     def _run(self, rows: Rows, lanes: list[int], lane_rows: list[np.ndarray], wanted: np.ndarray, logits: np.ndarray) -> None:
         cfg, trash = self.config, self.capabilities.max_context

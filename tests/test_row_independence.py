@@ -1,0 +1,97 @@
+"""Bit-exactness of rows: a row computed alone equals the same row inside any pass.
+
+Speculative decoding emits exactly what plain decoding emits only if the logits
+of a row do not depend on how many rows share its pass, which lanes they belong
+to, or how the rows are ordered. Each test runs the same lanes' tokens through
+several schedules (one row per pass; chunks of R rows; lanes mixed in one pass
+with different row counts, in changing orders) and requires the float32 bit
+patterns of every row's logits to be identical to plain decoding's.
+
+What this covers in onnxruntime (CPU, MLAS): GEMMs with M = 1 against M > 1 (the
+weight matmuls, the attention matmuls with M = group * T), every graph
+optimization level (including the fusions ORT_ENABLE_ALL applies: FusedMatMul,
+SimplifiedLayerNormalization, QuickGelu), 1 and 2 intra-op threads, both graph
+forms, contiguous and copied cache slots, padding rows beside real ones, and
+one forward split into several runs. No pass needs padding to 2 rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def schedules_for(s) -> dict:
+    return {
+        "chunks of 2": s.chunked(2),
+        "chunks of 3": s.chunked(3),
+        "chunks of 4": s.chunked(4),
+        "chunks of 9": s.chunked(9),
+        "all at once": s.chunked(10**6),
+        "lanes mixed 1/4/9": s.mixed([1, 4, 9], lambda k: [0, 1, 2] if k % 2 else [2, 0, 1]),
+        "lanes mixed 3/1/7/2": s.mixed([3, 1, 7, 2], lambda k: [1, 2, 0]),
+        "one long, two decoding": s.mixed([16, 1, 1], lambda k: [0, 1, 2]),
+        "two lanes, slots 0 and 2": s.mixed([2, 5], lambda k: [2, 0] if k % 2 else [0, 2]),
+    }
+
+
+def assert_rows_exact(prims, sched) -> None:
+    plain = sched.run(prims, sched.plain())
+    failures = []
+    for name, schedule in schedules_for(sched).items():
+        got = sched.run(prims, schedule)
+        for lane in sched.seqs:
+            n = len(got[lane])
+            if not np.array_equal(bits(got[lane]), bits(plain[lane][:n])):
+                bad = int(np.any(bits(got[lane]) != bits(plain[lane][:n]), axis=1).sum())
+                failures.append(f"{name}: lane {lane}, {bad} rows differ (max {np.abs(got[lane] - plain[lane][:n]).max():.3g})")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("optimization", ["disable", "basic", "extended", "all"])
+def test_tiny_rows_are_exact_in_any_pass(tiny_model_dir, schedules, optimization, threads):
+    rng = np.random.default_rng(11)
+    sched = schedules({0: rng.integers(0, 256, 30), 1: rng.integers(0, 256, 22), 2: rng.integers(0, 256, 27)})
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, threads=threads, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
+def test_tiny_rows_are_exact_in_the_slots_form(tiny_model_dir, schedules):
+    rng = np.random.default_rng(12)
+    sched = schedules({0: rng.integers(0, 256, 20), 1: rng.integers(0, 256, 15), 2: rng.integers(0, 256, 18)})
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, cache_inputs="slots") as prims:
+        assert_rows_exact(prims, sched)
+
+
+def test_tiny_rows_do_not_depend_on_how_runs_are_split(tiny_model_dir, schedules):
+    """pass_cost_rows=0: every lane its own run; huge: all lanes in one padded run."""
+    rng = np.random.default_rng(13)
+    sched = schedules({0: rng.integers(0, 256, 25), 1: rng.integers(0, 256, 9), 2: rng.integers(0, 256, 17)})
+    mixed = sched.mixed([9, 1, 4], lambda k: [0, 1, 2])
+    out = []
+    for cost in (0, 10**6):
+        with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, pass_cost_rows=cost) as prims:
+            out.append(sched.run(prims, mixed))
+    for lane in sched.seqs:
+        assert np.array_equal(bits(out[0][lane]), bits(out[1][lane]))
+
+
+@pytest.mark.slow
+def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules):
+    """SmolLM2-135M (30 layers, 49152-token lm_head): the same schedules, bit for bit."""
+    tok = real_prims.tokenizer
+    texts = [
+        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+        "The Eiffel Tower is in Paris, and the Colosseum is in Rome.",
+        "Über 3 Ängste — naïve café, 日本語 🙂 and more text",
+    ]
+    sched = schedules({lane: np.asarray(tok.encode(t)[:12], np.int64) for lane, t in enumerate(texts)})
+    assert all(len(s) == 12 for s in sched.seqs.values())
+    assert_rows_exact(real_prims, sched)
