@@ -255,5 +255,7 @@ class PrimitivesBase:
             arr = getattr(sample, name)
             if arr.shape != (k,):
                 raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: {name} shape {arr.shape}, expected ({k},)")
+        if k and (sample.rng_key.min() < 0 or sample.position.min() < 0 or sample.position.max() >= 2**31):
+            raise StatusError(Status.BAD_ARGUMENT, "verify_sample: rng_key must be >= 0 and position in 0..2**31-1 (the hash's domain)")
         if k and (sample.mode.min() < _MODE_MIN or sample.mode.max() > _MODE_MAX):
             raise StatusError(Status.BAD_SAMPLING_MODE, f"verify_sample: unknown sampling mode in {sorted(set(sample.mode.tolist()))}")
