@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""Peer benchmark: HF transformers greedy decoding, plain and with prompt lookup.
+
+Runs SmolLM2-135M-Instruct (the same Q4_1 GGUF sf_trt uses, dequantized by
+transformers to fp32) on the CPU over the bench prompts
+(``tools/prompts/bench.jsonl``), each prompt twice after a warmup:
+
+* plain greedy decoding, ``max_tokens`` new tokens;
+* greedy decoding with prompt lookup (``prompt_lookup_num_tokens=10``).
+
+EOS does not end a run early (``min_new_tokens = max_new_tokens``) unless
+``--allow-eos``. It reports tokens/s (new tokens over the whole ``generate()``
+call, prefill included) and whether HF's prompt-lookup output equals its own
+plain output token for token (and the first index where it does not), prints a
+table and writes JSON (``--json``, default ``bench_peers.json``).
+
+For fairness the prompt token ids are sf_trt's own (``sf_trt.tokenizer`` built
+from the same GGUF, same chat template) whenever sf_trt is importable; HF's
+chat-template ids are computed too and the JSON records both counts and whether
+they agree.
+
+``--sf-trt`` also runs ``sf-trt bench --prompts FILE --json`` in the same run
+and adds ratio columns (sf_trt plain / HF plain, sf_trt spec / HF prompt
+lookup); ``--sf-trt-json PATH`` merges a saved ``sf-trt bench --json`` output
+instead.
+
+torch and transformers are not sf_trt dependencies: install them in a separate
+environment, e.g.::
+
+    python3 -m venv /work/peers-venv
+    /work/peers-venv/bin/pip install torch==2.13.0    # the CPU build
+    /work/peers-venv/bin/pip install transformers accelerate gguf numpy
+    /work/peers-venv/bin/python tools/bench_peers.py --threads 2
+
+Exit status: 0 done, 2 a missing prerequisite (torch / transformers /
+accelerate / gguf, or the GGUF file), 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "bench.jsonl"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def say(msg: str) -> None:
+    print(f"bench_peers: {msg}", file=sys.stderr, flush=True)
+
+
+class Missing(Exception):
+    """A prerequisite is missing (exit 2)."""
+
+
+# -- prerequisites -------------------------------------------------------------
+
+
+def import_peers():
+    """(torch, transformers), or Missing with what to install."""
+    missing = []
+    mods = {}
+    for name in ("torch", "transformers", "accelerate", "gguf"):
+        try:
+            mods[name] = __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise Missing(
+            f"missing Python package(s): {', '.join(missing)}. This peer benchmark needs torch and transformers "
+            "(plus accelerate and gguf, which transformers needs to load a GGUF file); they are not sf_trt "
+            "dependencies. Install them in a separate environment, e.g.\n"
+            "    python3 -m venv /work/peers-venv\n"
+            "    /work/peers-venv/bin/pip install torch==2.13.0   # the CPU build\n"
+            "    /work/peers-venv/bin/pip install transformers accelerate gguf numpy\n"
+            "and run it with that interpreter: /work/peers-venv/bin/python tools/bench_peers.py ..."
+        )
+    return mods["torch"], mods["transformers"]
+
+
+def cache_root() -> Path:
+    env = os.environ.get("SF_TRT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "sf_trt"
+
+
+def find_gguf(explicit: str | None) -> Path:
+    """``--gguf``, else ``$SF_TRT_GGUF``, else the extracted GGUF anywhere under the sf_trt cache."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise Missing(f"--gguf {path}: no such file")
+        return path
+    env = os.environ.get("SF_TRT_GGUF")
+    if env and Path(env).expanduser().is_file():
+        return Path(env).expanduser()
+    root = cache_root()
+    found = sorted(root.rglob(GGUF_NAME)) if root.is_dir() else []
+    found = [p for p in found if p.is_file()]
+    if not found:
+        raise Missing(
+            f"no {GGUF_NAME} under {root} (the sf_trt cache: $SF_TRT_CACHE or ~/.cache/sf_trt). "
+            "Run `sf-trt export` first (it fetches and extracts the model), or pass --gguf PATH."
+        )
+    found.sort(key=lambda p: (p.parent.name != "gguf", len(p.parts)))  # prefer cache/gguf/
+    return found[0]
+
+
+def load_prompts(path: Path, only: list[str] | None, max_tokens: int | None) -> list[dict[str, Any]]:
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                p = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"{path}:{n}: not JSON ({exc})")
+            for key in ("id", "messages", "max_tokens"):
+                if key not in p:
+                    raise SystemExit(f"{path}:{n}: missing {key!r}")
+            if max_tokens is not None:
+                p["max_tokens"] = max_tokens
+            prompts.append(p)
+    if only:
+        unknown = set(only) - {p["id"] for p in prompts}
+        if unknown:
+            raise SystemExit(f"--only: no prompt(s) {sorted(unknown)} in {path}")
+        prompts = [p for p in prompts if p["id"] in only]
+    if not prompts:
+        raise SystemExit(f"{path}: no prompts")
+    return prompts
+
+
+# -- tokenization --------------------------------------------------------------
+
+
+def hf_prompt_ids(tok, messages) -> list[int]:
+    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys") and "input_ids" in out:  # BatchEncoding (transformers >= 5)
+        out = out["input_ids"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(i) for i in out]
+
+
+def sf_trt_tokenizer(gguf: Path):
+    """sf_trt's own tokenizer for ``gguf``, or (None, why)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    try:
+        from sf_trt.tokenizer import Tokenizer
+
+        return Tokenizer.from_gguf(gguf), None
+    except Exception as exc:  # noqa: BLE001 - any failure: fall back to HF's ids
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+# -- generation ----------------------------------------------------------------
+
+
+def generate(torch, model, ids: list[int], n: int, *, allow_eos: bool, eos: int, lookup: int | None) -> tuple[list[int], float]:
+    inputs = torch.tensor([ids], dtype=torch.long)
+    kwargs: dict[str, Any] = dict(
+        input_ids=inputs,
+        attention_mask=torch.ones_like(inputs),
+        max_new_tokens=n,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=eos,
+    )
+    if not allow_eos:
+        kwargs["min_new_tokens"] = n
+    if lookup:
+        kwargs["prompt_lookup_num_tokens"] = lookup
+    with torch.inference_mode():
+        start = time.perf_counter()
+        out = model.generate(**kwargs)
+        seconds = time.perf_counter() - start
+    return [int(t) for t in out[0, len(ids):].tolist()], seconds
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# -- sf_trt --------------------------------------------------------------------
+
+
+def parse_json_output(text: str) -> dict | None:
+    """The last JSON object with "results" in ``text`` (the whole text, or a line-started object)."""
+    try:
+        doc = json.loads(text)
+        if isinstance(doc, dict) and "results" in doc:
+            return doc
+    except json.JSONDecodeError:
+        pass
+    decoder = json.JSONDecoder()
+    best = None
+    pos = 0
+    while (pos := text.find("{", pos)) != -1:
+        if pos == 0 or text[pos - 1] == "\n":
+            try:
+                doc, _ = decoder.raw_decode(text, pos)
+                if isinstance(doc, dict) and "results" in doc:
+                    best = doc
+            except json.JSONDecodeError:
+                pass
+        pos += 1
+    return best
+
+
+def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float) -> tuple[dict | None, str]:
+    """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``; (its JSON or None, a note)."""
+    try:
+        helptext = subprocess.run(cmd + ["bench", "--help"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"could not run {shlex.join(cmd)} ({exc})"
+    if helptext.returncode != 0:
+        tail = (helptext.stderr or helptext.stdout).strip().splitlines()[-3:]
+        return None, f"`{shlex.join(cmd)} bench --help` failed (exit {helptext.returncode}): {' | '.join(tail)}"
+    options = helptext.stdout + helptext.stderr
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="bench_peers_", delete=False, encoding="utf-8") as f:
+        for p in prompts:  # the effective set (--only, --max-tokens applied)
+            f.write(json.dumps({k: p[k] for k in p if k in ("id", "kind", "messages", "max_tokens")}) + "\n")
+        prompt_file = f.name
+    full = cmd + ["bench", "--prompts", prompt_file, "--json"]
+    if "--threads" in options:
+        full += ["--threads", str(threads)]
+    if not allow_eos and "--ignore-eos" in options:  # exactly max_tokens tokens, as the HF runs
+        full += ["--ignore-eos"]
+    say(f"running {shlex.join(full)}")
+    try:
+        done = subprocess.run(full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"{shlex.join(full)} ran past {timeout:.0f} s"
+    except OSError as exc:
+        return None, f"could not run {shlex.join(full)} ({exc})"
+    finally:
+        os.unlink(prompt_file)
+    doc = parse_json_output(done.stdout)
+    if doc is None:  # (exit 1 with a report only says some speculative output differed)
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        return None, f"{shlex.join(full)} (exit {done.returncode}): no JSON object with \"results\" in its output: " + " | ".join(tail)
+    return doc, shlex.join(full) + (f" (exit {done.returncode})" if done.returncode else "")
+
+
+def merge_sf_trt(results: list[dict], doc: dict) -> int:
+    """Add sf_trt's numbers and ratios to ``results`` (by id); how many matched."""
+    by_id = {str(r.get("id")): r for r in doc.get("results", []) if isinstance(r, dict)}
+    matched = 0
+    for res in results:
+        sf = by_id.get(res["id"])
+        if sf is None:
+            continue
+        matched += 1
+        plain = sf.get("plain") or {}
+        spec = sf.get("spec") or {}
+        entry: dict[str, Any] = {
+            "identical": sf.get("identical"),
+            "plain_tokens_per_s": plain.get("tokens_per_s"),
+            "spec_tokens_per_s": spec.get("tokens_per_s"),
+            "proposed": spec.get("proposed"),
+            "accepted": spec.get("accepted"),
+            "prompt_tokens": sf.get("prompt_tokens"),
+            "prompt_tokens_match": sf.get("prompt_tokens") == res["prompt_tokens"] if sf.get("prompt_tokens") is not None else None,
+        }
+        for name, part in (("plain", plain), ("spec", spec)):
+            toks = part.get("tokens")
+            if isinstance(toks, list):  # ids: compare with HF's plain greedy output
+                entry[f"{name}_tokens"] = len(toks)
+                entry[f"{name}_first_diff_vs_hf_plain"] = first_diff([int(t) for t in toks], res["plain"]["ids"])
+            else:
+                entry[f"{name}_tokens"] = toks
+        hp, hl = res["plain"]["tokens_per_s"], res["lookup"]["tokens_per_s"]
+        sp, ss = entry["plain_tokens_per_s"], entry["spec_tokens_per_s"]
+        entry["ratio_plain"] = sp / hp if isinstance(sp, (int, float)) and hp else None
+        entry["ratio_spec"] = ss / hl if isinstance(ss, (int, float)) and hl else None
+        res["sf_trt"] = entry
+    return matched
+
+
+# -- output --------------------------------------------------------------------
+
+
+def fmt(x: Any, spec: str = ".1f") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+def print_table(results: list[dict], with_sf: bool) -> None:
+    head = ["id", "kind", "prompt", "new", "HF plain t/s", "HF PLD t/s", "PLD x", "PLD==plain", "1st diff"]
+    if with_sf:
+        head += ["sf plain t/s", "sf spec t/s", "sf/HF plain", "sf/HF PLD", "sf ident"]
+    rows = []
+    for r in results:
+        hp, hl = r["plain"]["tokens_per_s"], r["lookup"]["tokens_per_s"]
+        row = [r["id"], r.get("kind", "-"), r["prompt_tokens"], r["plain"]["tokens"], fmt(hp), fmt(hl),
+               fmt(hl / hp if hp else None, ".2f"), fmt(r["identical"]), fmt(r["first_diff"])]
+        if with_sf:
+            sf = r.get("sf_trt") or {}
+            row += [fmt(sf.get("plain_tokens_per_s")), fmt(sf.get("spec_tokens_per_s")),
+                    fmt(sf.get("ratio_plain"), ".2f"), fmt(sf.get("ratio_spec"), ".2f"), fmt(sf.get("identical"))]
+        rows.append([str(c) for c in row])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    print(line(head))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
+# -- main ----------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help=f"prompt file, JSON lines (default {DEFAULT_PROMPTS.relative_to(REPO)})")
+    ap.add_argument("--gguf", help=f"the model GGUF (default: $SF_TRT_GGUF, else {GGUF_NAME} found under $SF_TRT_CACHE or ~/.cache/sf_trt)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch.set_num_threads (default: all cores)")
+    ap.add_argument("--max-tokens", type=int, help="override every prompt's max_tokens")
+    ap.add_argument("--allow-eos", action="store_true", help="let EOS end a run early (default: exactly max_tokens new tokens)")
+    ap.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed warmup runs of each mode before measuring (default 1)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and mode; the fastest counts (default 1)")
+    ap.add_argument("--only", action="append", metavar="ID", help="run only this prompt id (repeatable)")
+    ap.add_argument("--prompt-ids", choices=("auto", "sf_trt", "hf"), default="auto",
+                    help="whose prompt token ids to feed: sf_trt's tokenizer (auto: when importable) or HF's chat template")
+    ap.add_argument("--json", dest="json_path", type=Path, default=Path("bench_peers.json"), help="write results here (default bench_peers.json)")
+    ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --prompts FILE --json` and add ratio columns")
+    ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
+    ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
+    ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow the sf-trt run (default 3600)")
+    args = ap.parse_args(argv)
+    if args.threads < 1 or args.warmup < 0 or args.repeats < 1 or args.lookup_tokens < 1:
+        ap.error("--threads, --repeats and --lookup-tokens must be >= 1, --warmup >= 0")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        ap.error("--max-tokens must be >= 1")
+
+    try:
+        torch, transformers = import_peers()
+        gguf = find_gguf(args.gguf)
+    except Missing as exc:
+        print(f"bench_peers: {exc}", file=sys.stderr)
+        return 2
+    prompts = load_prompts(args.prompts, args.only, args.max_tokens)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    say(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads; loading {gguf}")
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
+    dtype_kw = "dtype" if major_minor >= (4, 56) else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **{dtype_kw: torch.float32})
+    model.eval()  # transformers dequantizes the GGUF at load (``.float()`` is refused on it): check the result
+    dtypes = sorted({str(t.dtype) for t in model.parameters()})
+    if dtypes != ["torch.float32"]:
+        print(f"bench_peers: {gguf}: the model loaded with parameter dtypes {dtypes}, expected only torch.float32", file=sys.stderr)
+        return 1
+    say(f"loaded in {time.perf_counter() - t0:.1f} s ({type(model).__name__}, {model.dtype})")
+    eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+
+    sf_tok, sf_why = (None, "--prompt-ids hf") if args.prompt_ids == "hf" else sf_trt_tokenizer(gguf)
+    if sf_tok is None and args.prompt_ids == "sf_trt":
+        print(f"bench_peers: --prompt-ids sf_trt: sf_trt's tokenizer is not usable here ({sf_why})", file=sys.stderr)
+        return 2
+    if sf_tok is None:
+        say(f"sf_trt's tokenizer not usable ({sf_why}); feeding HF's chat-template ids")
+
+    encoded = []
+    for p in prompts:
+        hf_ids = hf_prompt_ids(tok, p["messages"])
+        sf_ids = sf_tok.encode(sf_tok.apply_chat_template(p["messages"], add_generation_prompt=True)) if sf_tok else None
+        if sf_ids is not None and sf_ids != hf_ids:
+            say(f"{p['id']}: HF's prompt ids differ from sf_trt's at index {first_diff(sf_ids, hf_ids)} "
+                f"({len(hf_ids)} vs {len(sf_ids)} tokens); feeding sf_trt's")
+        encoded.append((p, sf_ids if sf_ids is not None else hf_ids, hf_ids, sf_ids))
+
+    modes = (("plain", None), ("lookup", args.lookup_tokens))
+    if args.warmup:
+        p0, ids0 = encoded[0][0], encoded[0][1]
+        n0 = min(32, p0["max_tokens"])
+        for _ in range(args.warmup):
+            for _name, lookup in modes:
+                generate(torch, model, ids0, n0, allow_eos=args.allow_eos, eos=eos, lookup=lookup)
+        say(f"warmup done ({args.warmup} x {n0} tokens per mode on {p0['id']!r})")
+
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    results = []
+    for p, ids, hf_ids, sf_ids in encoded:
+        res: dict[str, Any] = {
+            "id": p["id"], "kind": p.get("kind"), "max_tokens": p["max_tokens"],
+            "prompt_tokens": len(ids),
+            "prompt_ids_source": "sf_trt" if sf_ids is not None else "hf",
+            "prompt_tokens_hf": len(hf_ids),
+            "prompt_tokens_sf_trt": len(sf_ids) if sf_ids is not None else None,
+            "prompt_ids_match": (sf_ids == hf_ids) if sf_ids is not None else None,
+        }
+        for name, lookup in modes:
+            best = None
+            for _ in range(args.repeats):
+                out, seconds = generate(torch, model, ids, p["max_tokens"], allow_eos=args.allow_eos, eos=eos, lookup=lookup)
+                if best is None or seconds < best[1]:
+                    best = (out, seconds)
+            out, seconds = best
+            res[name] = {"tokens": len(out), "seconds": seconds, "tokens_per_s": len(out) / seconds if seconds > 0 else None, "ids": out}
+        res["identical"] = res["lookup"]["ids"] == res["plain"]["ids"]
+        res["first_diff"] = first_diff(res["lookup"]["ids"], res["plain"]["ids"])
+        res["text"] = tok.decode(res["plain"]["ids"], skip_special_tokens=True)
+        results.append(res)
+        say(f"{p['id']}: {len(ids)} prompt tokens; plain {res['plain']['tokens_per_s']:.1f} tok/s, "
+            f"lookup {res['lookup']['tokens_per_s']:.1f} tok/s, identical={res['identical']}")
+
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    sf_status: dict[str, Any] = {"requested": bool(args.sf_trt or args.sf_trt_json)}
+    doc = None
+    if args.sf_trt_json:
+        try:
+            doc = parse_json_output(args.sf_trt_json.read_text(encoding="utf-8"))
+            sf_status["source"] = str(args.sf_trt_json)
+            if doc is None:
+                sf_status["note"] = f"{args.sf_trt_json}: no JSON object with \"results\""
+        except OSError as exc:
+            sf_status["note"] = f"{args.sf_trt_json}: {exc}"
+    elif args.sf_trt:
+        cmd = shlex.split(args.sf_trt_cmd) if args.sf_trt_cmd else (["sf-trt"] if shutil.which("sf-trt") else None)
+        if cmd is None:
+            sf_status["note"] = "no `sf-trt` command on PATH (install sf_trt, or pass --sf-trt-cmd)"
+        else:
+            doc, note = run_sf_trt(cmd, prompts, args.threads, args.allow_eos, args.sf_trt_timeout)
+            sf_status["source" if doc is not None else "note"] = note
+    if doc is not None:
+        sf_status["matched"] = merge_sf_trt(results, doc)
+        if not sf_status["matched"]:
+            sf_status["note"] = "sf-trt bench results share no prompt id with these prompts"
+    if sf_status.get("note"):
+        say(f"sf_trt columns left out: {sf_status['note']}")
+    off = [r["id"] for r in results if (r.get("sf_trt") or {}).get("prompt_tokens_match") is False]
+    if off:
+        say(f"WARNING: sf-trt bench counted other prompt token counts than these runs on {', '.join(off)}: not a like-for-like comparison")
+
+    print()
+    print(f"HF transformers {transformers.__version__} / torch {torch.__version__}, fp32 CPU, {args.threads} threads, "
+          f"prompt lookup {args.lookup_tokens} tokens, {'EOS may stop' if args.allow_eos else 'no early EOS'}"
+          + (f", load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores" if load_before and load_after else ""))
+    print_table(results, with_sf=bool(doc is not None and sf_status.get("matched")))
+    total = lambda mode: sum(r[mode]["tokens"] for r in results) / sum(r[mode]["seconds"] for r in results)  # noqa: E731
+    print(f"overall: plain {total('plain'):.1f} tok/s, prompt lookup {total('lookup'):.1f} tok/s; "
+          f"prompt lookup == plain on {sum(r['identical'] for r in results)}/{len(results)} prompts")
+
+    report = {
+        "tool": "tools/bench_peers.py",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "settings": {
+            "gguf": str(gguf), "prompts": str(args.prompts), "threads": args.threads, "dtype": "float32", "device": "cpu",
+            "prompt_lookup_num_tokens": args.lookup_tokens, "max_tokens_override": args.max_tokens,
+            "allow_eos": args.allow_eos, "warmup": args.warmup, "repeats": args.repeats,
+            "cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
+            "tokens_per_s": "new tokens / wall time of one generate() call (prefill included); fastest of the repeats",
+        },
+        "sf_trt": sf_status,
+        "results": results,
+    }
+    args.json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    say(f"wrote {args.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
