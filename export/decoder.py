@@ -13,7 +13,11 @@ goes through has a length and a layout that do not depend on the pass:
   is exactly 0, so stale entries past a rolled-back length and the trash slot
   never reach a real row);
 * rotary tables are gathered by position (no Sin/Cos kernels, whose vector tails
-  could depend on the tensor size).
+  could depend on the tensor size);
+* no matmul with a non-constant right operand ever runs with M == 1: MLAS takes
+  a different path there (weight matmuls, whose operand is a prepacked constant,
+  are the same at M == 1 and M > 1). The attention matmuls have M = group * T
+  query rows per KV head; without GQA the queries are doubled.
 
 Inputs (``B`` lanes in the pass, ``T`` rows per lane, ``K`` logit rows, ``L``
 cache slots, ``S = max_context + 1``)::
@@ -57,12 +61,13 @@ Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 
 Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
-ScatterND, Shape, Range, Squeeze, Unsqueeze, Expand, Concat, Tile. No TopK, no
-bitwise ops, no contrib ops.
+ScatterND, Shape, Range, Squeeze, Unsqueeze, Expand, Concat, Tile (and Slice
+without GQA; DequantizeLinear with int8 weights). No TopK, no bitwise ops, no contrib ops.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -88,6 +93,9 @@ __all__ = [
     "rope_tables",
     "build_decoder_graph",
     "pass_form",
+    "quantize_int8",
+    "int8_weights",
+    "WEIGHT_DTYPES",
     "reference_forward",
     "export_model_dir",
     "write_model_dir",
@@ -164,6 +172,32 @@ def _pair_swap(head_dim: int) -> np.ndarray:
     return idx ^ 1  # 1, 0, 3, 2, ...
 
 
+WEIGHT_DTYPES = ("float32", "int8")
+
+
+def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output row of an ``[out, in]`` matrix: ``(q int8, scale float32 [out])``
+    with ``w ~= q * scale[:, None]``."""
+    w = np.asarray(w, dtype=np.float32)
+    scale = (np.abs(w).max(axis=1) / 127.0).astype(np.float32)
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def int8_weights(weights: LlamaWeights) -> LlamaWeights:
+    """The float32 weights the ``weight_dtype="int8"`` graph computes with: every
+    matrix replaced by its int8 dequantization (``q * scale``, as DequantizeLinear
+    computes it); the embedding kept, the lm_head (then untied) quantized."""
+    def deq(w: np.ndarray) -> np.ndarray:
+        q, scale = quantize_int8(w)
+        return q.astype(np.float32) * scale[:, None]
+
+    mats = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    layers = [dataclasses.replace(layer, **{m: deq(getattr(layer, m)) for m in mats}) for layer in weights.layers]
+    return dataclasses.replace(weights, layers=layers, lm_head=deq(weights.output_matrix()))
+
+
 # -- the graph ---------------------------------------------------------------------
 
 
@@ -207,13 +241,23 @@ def build_decoder_graph(
     max_context: int | None = None,
     *,
     cache_inputs: str = "slots",
+    weight_dtype: str = "float32",
 ) -> onnx.ModelProto:
     """The decoder graph (see the module docstring for inputs and outputs).
 
     ``max_context`` fixes ``S - 1`` (None: symbolic; the rotary table then covers
     the model's ``context_length``); ``max_lanes`` fixes the slot dim of the
     ``"slots"`` form (and is only checked in the ``"pass"`` form).
+
+    ``weight_dtype="int8"`` stores every matmul weight (and the lm_head) as int8
+    with one float32 scale per output channel, as ``DequantizeLinear(axis=1) ->
+    MatMul`` (standard ONNX; onnxruntime fuses the pair into its 8-bit
+    weight-only kernel at load, a quarter of the bytes read per pass). The token
+    embedding stays float32 (only the pass's rows are read). The model it
+    computes is :func:`int8_weights` of ``weights``.
     """
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"build_decoder_graph: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     if cache_inputs not in CACHE_INPUTS:
         raise ValueError(f"build_decoder_graph: cache_inputs {cache_inputs!r} unknown (known: {', '.join(CACHE_INPUTS)})")
     weights.check(cfg)
@@ -225,6 +269,15 @@ def build_decoder_graph(
     table_len = (cfg.context_length if max_context is None else max_context) + 1
     g = _Builder()
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+
+    def matrix(name: str, w: np.ndarray) -> str:
+        """The ``[in, out]`` operand of ``x @ w.T`` for an ``[out, in]`` weight."""
+        if weight_dtype == "float32":
+            return g.init(name, np.ascontiguousarray(w.T))
+        q, scale = quantize_int8(w)
+        g.init(f"{name}.q", np.ascontiguousarray(q.T))
+        g.init(f"{name}.scale", scale)
+        return g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1)
 
     # constants
     cos_tab, sin_tab = rope_tables(cfg, table_len)
@@ -250,7 +303,12 @@ def build_decoder_graph(
     s_dim = g.op("Shape", ["past_key_0"], "s_dim", start=2, end=3)  # [1]
     key_idx = g.op("Range", [zero, g.op("Squeeze", [s_dim, ax0], "s_scalar"), one], "key_idx")  # [S]
     # query row g*T + t of a KV group has the position of row t: tile positions grp times
-    pos_q = g.op("Tile", [g.op("Unsqueeze", ["positions", g.i64("axes13", [1, 3])], "pos_b1t1"), g.i64("tile_grp", [1, 1, grp, 1])], "pos_q")
+    # onnxruntime's MLAS computes a matmul whose B is not a constant differently
+    # when M == 1 (a GEMV path) than when M > 1, so the attention matmuls (M = rep *
+    # grp * T query rows per KV head) must never have M == 1: without GQA
+    # (grp == 1) each query row is computed twice and the copy dropped.
+    rep = 2 if grp == 1 else 1
+    pos_q = g.op("Tile", [g.op("Unsqueeze", ["positions", g.i64("axes13", [1, 3])], "pos_b1t1"), g.i64("tile_grp", [1, 1, rep * grp, 1])], "pos_q")
     mask = g.op("LessOrEqual", [key_idx, pos_q], "mask")  # [B, 1, grp*T, S]: key j visible iff j <= position
     b_range = g.op("Range", [zero, g.op("Squeeze", [b_dim, ax0], "b_scalar"), one], "b_range")
     idx_shape = g.op("Concat", [b_dim, g.i64("nkv_dim", [nkv]), t_dim, g.i64("one_dim", [1])], "idx_shape", axis=0)
@@ -259,6 +317,9 @@ def build_decoder_graph(
     p_idx = g.op("Expand", [g.op("Reshape", ["positions", g.i64("shape_01m1", [0, 1, -1, 1])], "p_col"), idx_shape], "p_idx")
     scatter_idx = g.op("Concat", [b_idx, h_idx, p_idx], "scatter_idx", axis=3)  # [B, nkv, T, 3]
 
+    if rep > 1:
+        q_rows = g.op("Mul", [t_dim, g.i64("grp_dim", [grp])], "q_rows")  # [1]: grp * T
+        tile_rep, zero1 = g.i64("tile_rep", [1, 1, rep, 1]), g.i64("zero1", [0])
     shape_q = g.i64("shape_q", [0, 0, nh, hd])
     shape_kv = g.i64("shape_kv", [0, 0, nkv, hd])
     shape_groups = g.i64("shape_groups", [0, nkv, -1, hd])
@@ -267,10 +328,10 @@ def build_decoder_graph(
     new_kv: list[str] = []
     for i, layer in enumerate(weights.layers):
         p = f"l{i}"
-        w_qkv = g.init(f"{p}.w_qkv", np.concatenate([layer.wq, layer.wk, layer.wv], axis=0).T)  # [H, (nh+2nkv)hd]
-        w_o = g.init(f"{p}.w_o", layer.wo.T)
-        w_gu = g.init(f"{p}.w_gate_up", np.concatenate([layer.w_gate, layer.w_up], axis=0).T)  # [H, 2F]
-        w_down = g.init(f"{p}.w_down", layer.w_down.T)
+        w_qkv = matrix(f"{p}.w_qkv", np.concatenate([layer.wq, layer.wk, layer.wv], axis=0))  # [H, (nh+2nkv)hd]
+        w_o = matrix(f"{p}.w_o", layer.wo)
+        w_gu = matrix(f"{p}.w_gate_up", np.concatenate([layer.w_gate, layer.w_up], axis=0))  # [H, 2F]
+        w_down = matrix(f"{p}.w_down", layer.w_down)
         g.init(f"{p}.attn_norm", layer.attn_norm)
         g.init(f"{p}.ffn_norm", layer.ffn_norm)
 
@@ -289,9 +350,13 @@ def build_decoder_graph(
             caches.append(g.op("ScatterND", [lane_cache, scatter_idx, upd], f"{p}_{name[5]}_cache"))
         k_all, v_all = caches
         qg = g.op("Reshape", [g.op("Transpose", [g.op("Mul", [q, scale], f"{p}_q_scaled")], f"{p}_q_t", perm=[0, 2, 1, 3]), shape_groups], f"{p}_q_groups")
+        if rep > 1:
+            qg = g.op("Tile", [qg, tile_rep], f"{p}_q_rep")
         scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B,nkv,grp*T,S]
         probs = g.op("Softmax", [g.op("Where", [mask, scores, neg_inf], f"{p}_masked")], f"{p}_probs", axis=-1)
-        attn = g.op("MatMul", [probs, v_all], f"{p}_attn")  # [B, nkv, grp*T, hd]
+        attn = g.op("MatMul", [probs, v_all], f"{p}_attn")  # [B, nkv, rep*grp*T, hd]
+        if rep > 1:
+            attn = g.op("Slice", [attn, zero1, q_rows, ax2], f"{p}_attn_once")
         attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shape_heads], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shape_merge], f"{p}_attn_m")
         x = g.op("Add", [x, g.op("MatMul", [attn, w_o], f"{p}_o")], f"{p}_resid1")
         h = _rms_norm(g, x, f"{p}.ffn_norm", eps, two, f"{p}_ffn_norm")
@@ -303,7 +368,9 @@ def build_decoder_graph(
     g.init("output_norm", weights.output_norm)
     rows = g.op("Gather", [g.op("Reshape", [x, g.i64("shape_rows", [-1, cfg.hidden])], "hidden_rows"), "logit_index"], "logit_hidden", axis=0)
     hn = _rms_norm(g, rows, "output_norm", eps, two, "final_norm")
-    if weights.lm_head is None:
+    if weight_dtype == "int8":
+        g.nodes.append(helper.make_node("MatMul", [hn, matrix("lm_head", weights.output_matrix())], ["logits"], name="lm_head"))
+    elif weights.lm_head is None:
         g.nodes.append(helper.make_node("Gemm", [hn, "tok_embd"], ["logits"], name="lm_head", transB=1))
     else:
         g.init("lm_head", weights.lm_head)
@@ -487,6 +554,7 @@ def write_model_dir(
     model: onnx.ModelProto,
     tokenizer: Any = None,
     source: dict[str, Any] | None = None,
+    weight_dtype: str = "float32",
 ) -> Path:
     """Write a model directory: the graph ``model`` (slots form, weights as
     external data), its pass form, ``config.json`` and, when given, the tokenizer files. Written into a temporary directory beside
@@ -516,6 +584,7 @@ def write_model_dir(
             "format": FORMAT_VERSION,
             "llama": cfg.to_dict(),
             "graph": _graph_facts(cfg),
+            "weights": weight_dtype,
             "gguf": source or {},
             "files": files + [CONFIG_FILE],
         }
@@ -530,15 +599,21 @@ def write_model_dir(
     return out
 
 
-def export_model_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progress: bool = True) -> Path:
+def export_model_dir(
+    gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progress: bool = True, *, weight_dtype: str = "float32"
+) -> Path:
     """Write (or reuse) an onnxruntime/TensorRT-ready model directory for a GGUF.
 
     ``out_dir`` gets ``decoder.onnx`` + ``decoder.onnx.data`` (float32 weights,
     external data), ``config.json`` (the :class:`LlamaConfig`, the graph's facts,
     the GGUF's sha256), ``tokenizer.json`` / ``tokenizer_config.json`` /
-    ``chat_template.jinja``. A directory whose recorded GGUF digest matches and
-    whose files are all present is reused as it is (see :func:`write_model_dir`).
+    ``chat_template.jinja``. A directory whose recorded GGUF digest and weight
+    dtype match and whose files are all present is reused as it is (see
+    :func:`write_model_dir`). ``weight_dtype``: ``"float32"`` (the GGUF's values
+    exactly) or ``"int8"`` (see :func:`build_decoder_graph`).
     """
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"export_model_dir: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     from sf_trt.tokenizer import Tokenizer
 
     from .gguf_llama import load_gguf, open_reader
@@ -548,9 +623,9 @@ def export_model_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, p
     digest = file_digest(gguf_path)
     try:
         meta = read_model_dir(out)
-        if meta.get("gguf", {}).get("sha256") == digest:
+        if meta.get("gguf", {}).get("sha256") == digest and meta.get("weights", "float32") == weight_dtype:
             return out
-        say(f"{out}: built from another GGUF; rebuilding")
+        say(f"{out}: built from another GGUF or weight dtype; rebuilding")
     except (ValueError, json.JSONDecodeError):
         pass
     t0 = time.perf_counter()
@@ -559,10 +634,10 @@ def export_model_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, p
     cfg, weights = load_gguf(reader, progress=progress)
     tok = Tokenizer.from_gguf(reader)
     say(f"building the decoder graph ({cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab})")
-    model = build_decoder_graph(cfg, weights)
+    model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype)
     del weights
     source = {"path": str(Path(gguf_path).resolve()), "sha256": digest, "name": _field_or(reader, "general.name")}
-    write_model_dir(out, cfg, model, tok, source)
+    write_model_dir(out, cfg, model, tok, source, weight_dtype)
     say(f"exported {out} in {time.perf_counter() - t0:.1f}s")
     return out
 

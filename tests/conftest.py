@@ -107,6 +107,25 @@ def tiny_model_dir(tiny, tmp_path_factory):
     return write_model_dir(tmp_path_factory.mktemp("tiny") / "model", cfg, build_decoder_graph(cfg, weights))
 
 
+@pytest.fixture(scope="session")
+def tiny_int8_model_dir(tiny, tmp_path_factory):
+    """The tiny model with int8 weights."""
+    from export.decoder import build_decoder_graph, write_model_dir
+
+    cfg, weights = tiny
+    graph = build_decoder_graph(cfg, weights, weight_dtype="int8")
+    return write_model_dir(tmp_path_factory.mktemp("tiny8") / "model", cfg, graph, weight_dtype="int8")
+
+
+@pytest.fixture(scope="session")
+def tiny_mha_model_dir(tmp_path_factory):
+    """A tiny model without GQA (n_heads == n_kv_heads): attention has M = T query rows."""
+    from export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config, write_model_dir
+
+    cfg = tiny_llama_config(n_heads=4, n_kv_heads=4)
+    return write_model_dir(tmp_path_factory.mktemp("tiny_mha") / "model", cfg, build_decoder_graph(cfg, random_llama_weights(cfg, 1)))
+
+
 # -- the real model --------------------------------------------------------------------------
 
 
@@ -127,6 +146,14 @@ def real_model_dir(real_gguf):
     from sf_trt.models import default_model_dir
 
     return default_model_dir(progress=False)
+
+
+@pytest.fixture(scope="session")
+def real_int8_model_dir(real_gguf):
+    """The real model exported with int8 weights."""
+    from sf_trt.models import default_model_dir
+
+    return default_model_dir(progress=False, weight_dtype="int8")
 
 
 @pytest.fixture(scope="session")

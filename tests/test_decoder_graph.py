@@ -67,12 +67,13 @@ def prims(tiny_model_dir):
 # -- the graph itself ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cache_inputs", ["pass", "slots"])
-def test_graph_is_plain_onnx_that_tensorrt_parses(tiny, cache_inputs):
+@pytest.mark.parametrize("cache_inputs, weight_dtype, n_kv_heads", [("pass", "float32", 2), ("slots", "float32", 2), ("slots", "int8", 2), ("slots", "float32", 4)])
+def test_graph_is_plain_onnx_that_tensorrt_parses(cache_inputs, weight_dtype, n_kv_heads):
     from export.trt_support import check_graph, errors_in, format_findings
 
-    cfg, weights = tiny
-    model = build_decoder_graph(cfg, weights, max_lanes=2, max_context=64, cache_inputs=cache_inputs)
+    cfg = tiny_llama_config(n_kv_heads=n_kv_heads)
+    weights = random_llama_weights(cfg, 0)
+    model = build_decoder_graph(cfg, weights, max_lanes=2, max_context=64, cache_inputs=cache_inputs, weight_dtype=weight_dtype)
     onnx.checker.check_model(model)
     assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
     ops = {n.op_type for n in model.graph.node}
@@ -130,6 +131,25 @@ def test_decode_row_by_row_matches_the_reference(tiny, prims):
     cfg, weights = tiny
     got = np.stack([prims.forward(rows(1, t, SEQ[t:t + 1]))[0] for t in range(20)])
     close_to_reference(got, reference_forward(cfg, weights, SEQ[:20]))
+
+
+def test_int8_graph_computes_the_int8_weights(tiny, tiny_int8_model_dir):
+    """onnxruntime runs DequantizeLinear -> MatMul as MatMulNBits with int8 compute
+    (activations quantized per row and block): within about 1% of the int8 model."""
+    from export.decoder import int8_weights
+
+    cfg, weights = tiny
+    with OrtDecoderPrimitives(tiny_int8_model_dir, max_lanes=1, max_context=64) as p:
+        got = p.forward(rows(0, 0, SEQ[:24]))
+        assert p.weight_dtype == "int8"
+    want = reference_forward(cfg, int8_weights(weights), SEQ[:24])
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+    assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
+
+
+def test_int8_below_extended_optimization_is_refused(tiny_int8_model_dir):
+    with pytest.raises(StatusError, match="'basic' with int8 weights: rows would not be exact"):
+        OrtDecoderPrimitives(tiny_int8_model_dir, max_context=64, optimization="basic")
 
 
 def test_reference_rotary_conventions_agree_after_unpermuting(tiny):

@@ -129,3 +129,15 @@ def test_greedy_continues_text_sensibly(real_prims):
     tok = real_prims.tokenizer
     out = greedy(real_prims, 2, tok.encode("One, two, three, four,"), 8)
     assert tok.decode(out).startswith(" five"), tok.decode(out)
+
+
+def test_int8_weights_answer_the_same(real_int8_model_dir):
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+
+    with OrtDecoderPrimitives(real_int8_model_dir, max_lanes=1, max_context=128) as prims:
+        tok = prims.tokenizer
+        ids = tok.encode(SENTENCE)
+        assert np.exp(nll(prefill(prims, 0, ids), ids)) < 20
+        prims.release(0)
+        prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
+        assert "Paris" in tok.decode(greedy(prims, 0, prompt, 24))

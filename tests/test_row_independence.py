@@ -7,12 +7,20 @@ several schedules (one row per pass; chunks of R rows; lanes mixed in one pass
 with different row counts, in changing orders) and requires the float32 bit
 patterns of every row's logits to be identical to plain decoding's.
 
-What this covers in onnxruntime (CPU, MLAS): GEMMs with M = 1 against M > 1 (the
-weight matmuls, the attention matmuls with M = group * T), every graph
-optimization level (including the fusions ORT_ENABLE_ALL applies: FusedMatMul,
-SimplifiedLayerNormalization, QuickGelu), 1 and 2 intra-op threads, both graph
-forms, contiguous and copied cache slots, padding rows beside real ones, and
-one forward split into several runs. No pass needs padding to 2 rows.
+What this covers in onnxruntime (CPU, MLAS): GEMMs with M = 1 against M > 1,
+every graph optimization level (including the fusions ORT_ENABLE_ALL applies:
+FusedMatMul, SimplifiedLayerNormalization, QuickGelu), 1 and 2 intra-op
+threads, both graph forms, contiguous and copied cache slots, padding rows
+beside real ones, one forward split into several runs, int8 weights (fused
+into MatMulNBits), and a model without GQA.
+
+Findings: weight matmuls (constant, prepacked right operand) give the same
+rows at M = 1 and M > 1, so no pass needs padding to 2 rows. A matmul whose
+right operand is computed at run time does not: MLAS takes another path at
+M = 1 (seen without GQA, where a decode row's attention matmul has M = 1, and
+with int8 weights left unfused below ORT_ENABLE_EXTENDED). The graph keeps the
+attention matmuls at M >= 2 (group * T rows; queries doubled without GQA) and
+the backend refuses int8 weights below ORT_ENABLE_EXTENDED.
 """
 
 from __future__ import annotations
@@ -63,6 +71,24 @@ def test_tiny_rows_are_exact_in_any_pass(tiny_model_dir, schedules, optimization
         assert_rows_exact(prims, sched)
 
 
+@pytest.mark.parametrize("optimization", ["extended", "all"])
+def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, optimization):
+    rng = np.random.default_rng(14)
+    sched = schedules({0: rng.integers(0, 256, 24), 1: rng.integers(0, 256, 19), 2: rng.integers(0, 256, 21)})
+    with OrtDecoderPrimitives(tiny_int8_model_dir, max_lanes=3, max_context=64, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
+@pytest.mark.parametrize("optimization", ["disable", "all"])
+def test_tiny_rows_without_gqa_are_exact(tiny_mha_model_dir, schedules, optimization):
+    """Without GQA a decode row's attention matmul would have M == 1, where MLAS
+    differs from M > 1; the graph doubles the queries so it never does."""
+    rng = np.random.default_rng(15)
+    sched = schedules({0: rng.integers(0, 256, 20), 1: rng.integers(0, 256, 14), 2: rng.integers(0, 256, 17)})
+    with OrtDecoderPrimitives(tiny_mha_model_dir, max_lanes=3, max_context=64, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
 def test_tiny_rows_are_exact_in_the_slots_form(tiny_model_dir, schedules):
     rng = np.random.default_rng(12)
     sched = schedules({0: rng.integers(0, 256, 20), 1: rng.integers(0, 256, 15), 2: rng.integers(0, 256, 18)})
@@ -83,15 +109,28 @@ def test_tiny_rows_do_not_depend_on_how_runs_are_split(tiny_model_dir, schedules
         assert np.array_equal(bits(out[0][lane]), bits(out[1][lane]))
 
 
+TEXTS = [
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "The Eiffel Tower is in Paris, and the Colosseum is in Rome.",
+    "Über 3 Ängste — naïve café, 日本語 🙂 and more text",
+]
+
+
 @pytest.mark.slow
 def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules):
     """SmolLM2-135M (30 layers, 49152-token lm_head): the same schedules, bit for bit."""
     tok = real_prims.tokenizer
-    texts = [
-        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
-        "The Eiffel Tower is in Paris, and the Colosseum is in Rome.",
-        "Über 3 Ängste — naïve café, 日本語 🙂 and more text",
-    ]
-    sched = schedules({lane: np.asarray(tok.encode(t)[:12], np.int64) for lane, t in enumerate(texts)})
+    sched = schedules({lane: np.asarray(tok.encode(t)[:12], np.int64) for lane, t in enumerate(TEXTS)})
     assert all(len(s) == 12 for s in sched.seqs.values())
     assert_rows_exact(real_prims, sched)
+
+
+@pytest.mark.slow
+def test_real_int8_model_rows_are_exact(real_int8_model_dir, schedules):
+    with OrtDecoderPrimitives(real_int8_model_dir, max_lanes=3, max_context=128) as prims:
+        tok = prims.tokenizer
+        sched = schedules({lane: np.asarray(tok.encode(t)[:8], np.int64) for lane, t in enumerate(TEXTS)})
+        plain = sched.run(prims, sched.plain())
+        for schedule in (sched.chunked(3), sched.mixed([1, 4, 7], lambda k: [2, 0, 1])):
+            got = sched.run(prims, schedule)
+            assert all(np.array_equal(bits(got[lane]), bits(plain[lane])) for lane in sched.seqs)

@@ -130,6 +130,15 @@ class OrtDecoderPrimitives(PrimitivesBase):
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[optimization]
         self.providers = list(providers) if providers else ["CPUExecutionProvider"]
+        self.weight_dtype = meta.get("weights", "float32")
+        if self.weight_dtype == "int8":
+            # DequantizeLinear -> MatMul is fused into onnxruntime's 8-bit kernel only from
+            # ORT_ENABLE_EXTENDED up; unfused, the matmul's right operand is computed per pass
+            # and MLAS's M == 1 path would make rows depend on the pass. Level 4 (int8
+            # compute, activations quantized per row and block) is the fast, row-exact one.
+            if optimization in ("disable", "basic"):
+                raise _bad(f"optimization {optimization!r} with int8 weights: rows would not be exact (use 'extended' or 'all')")
+            opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "4")
         self.cache_inputs = cache_inputs
         graph_file = PASS_GRAPH_FILE if cache_inputs == "pass" else GRAPH_FILE
         self._session = ort.InferenceSession(str(self.model_dir / graph_file), opts, providers=self.providers)
