@@ -9,11 +9,12 @@ goes through has a length and a layout that do not depend on the pass:
 * attention reduces over the whole cache length ``S = max_context + 1``, every
   key at the index equal to its absolute position: the pass's new K/V are
   scattered (ScatterND) into the lane's cache before the scores are taken, and
-  keys past the row's own position are masked to ``-inf`` (their softmax weight
+  keys past the row's own position get ``-inf`` added (their softmax weight
   is exactly 0, so stale entries past a rolled-back length and the trash slot
   never reach a real row);
 * rotary tables are gathered by position (no Sin/Cos kernels, whose vector tails
-  could depend on the tensor size);
+  could depend on the tensor size), once per pass for q and k heads together,
+  the attention scale folded into q's rows;
 * no matmul with a non-constant right operand ever runs with M == 1: MLAS takes
   a different path there (weight matmuls, whose operand is a prepacked constant,
   are the same at M == 1 and M > 1). The attention matmuls have M = group * T
@@ -104,7 +105,7 @@ __all__ = [
 ]
 
 OPSET = 17
-FORMAT_VERSION = 3  # bump whenever the graph or the directory layout changes: old exports are rebuilt
+FORMAT_VERSION = 4  # bump whenever the graph or the directory layout changes: old exports are rebuilt
 INPUTS = ("input_ids", "positions", "lane_ids", "logit_index")
 """The per-pass inputs of the default (slots) form; the pass form has no lane_ids."""
 CACHE_INPUTS = ("pass", "slots")
@@ -285,42 +286,46 @@ def build_decoder_graph(
     g.init("rope_sin", f32(sin_tab))
     g.init("tok_embd", weights.tok_embd)
     eps, two = g.init("rms_eps", f32(cfg.rms_eps)), g.init("two", f32(2.0))
-    scale = g.init("attn_scale", f32(1.0 / np.sqrt(hd)))
     neg_inf = g.init("neg_inf", f32(-np.inf))
     swap = g.i64("pair_swap", _pair_swap(hd))
-    split_qkv = g.i64("split_qkv", [nh * hd, nkv * hd, nkv * hd])
     split_gu = g.i64("split_gu", [cfg.ffn, cfg.ffn])
     zero, one = g.i64("zero", 0), g.i64("one", 1)
     ax0, ax2 = g.i64("axis0", [0]), g.i64("axis2", [2])
 
     # shared per pass: embeddings, rotary rows, mask, scatter indices
     x = g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0)  # [B, T, H]
-    cos = g.op("Unsqueeze", [g.op("Gather", ["rope_cos", "positions"], "cos_rows", axis=0), ax2], "cos")  # [B,T,1,hd]
-    sin = g.op("Unsqueeze", [g.op("Gather", ["rope_sin", "positions"], "sin_rows", axis=0), ax2], "sin")
+    # rotary rows for q and k heads at once, the attention scale folded into q's
+    head_scale = g.init("head_scale", f32(np.r_[np.full(nh, 1.0 / np.sqrt(hd)), np.ones(nkv)].reshape(nh + nkv, 1)))
+    cos = g.op("Mul", [g.op("Unsqueeze", [g.op("Gather", ["rope_cos", "positions"], "cos_rows", axis=0), ax2], "cos_1"), head_scale], "cos")
+    sin = g.op("Mul", [g.op("Unsqueeze", [g.op("Gather", ["rope_sin", "positions"], "sin_rows", axis=0), ax2], "sin_1"), head_scale], "sin")
     ids_shape = g.op("Shape", ["input_ids"], "ids_shape")
     b_dim = g.op("Shape", ["input_ids"], "b_dim", start=0, end=1)  # [1]
     t_dim = g.op("Shape", ["input_ids"], "t_dim", start=1, end=2)  # [1]
     s_dim = g.op("Shape", ["past_key_0"], "s_dim", start=2, end=3)  # [1]
     key_idx = g.op("Range", [zero, g.op("Squeeze", [s_dim, ax0], "s_scalar"), one], "key_idx")  # [S]
-    # query row g*T + t of a KV group has the position of row t: tile positions grp times
     # onnxruntime's MLAS computes a matmul whose B is not a constant differently
     # when M == 1 (a GEMV path) than when M > 1, so the attention matmuls (M = rep *
     # grp * T query rows per KV head) must never have M == 1: without GQA
     # (grp == 1) each query row is computed twice and the copy dropped.
     rep = 2 if grp == 1 else 1
+    # query row g*T + t of a KV group has the position of row t: tile positions
     pos_q = g.op("Tile", [g.op("Unsqueeze", ["positions", g.i64("axes13", [1, 3])], "pos_b1t1"), g.i64("tile_grp", [1, 1, rep * grp, 1])], "pos_q")
-    mask = g.op("LessOrEqual", [key_idx, pos_q], "mask")  # [B, 1, grp*T, S]: key j visible iff j <= position
+    visible = g.op("LessOrEqual", [key_idx, pos_q], "visible")  # [B, 1, rep*grp*T, S]: key j iff j <= position
+    mask = g.op("Where", [visible, g.init("zero_f", f32(0.0)), neg_inf], "mask")  # added to the scores
+    # ScatterND indices (b, kv head, position) of each new row's K/V: [B, T, nkv, 3]
     b_range = g.op("Range", [zero, g.op("Squeeze", [b_dim, ax0], "b_scalar"), one], "b_range")
-    idx_shape = g.op("Concat", [b_dim, g.i64("nkv_dim", [nkv]), t_dim, g.i64("one_dim", [1])], "idx_shape", axis=0)
+    idx_shape = g.op("Concat", [b_dim, t_dim, g.i64("nkv_dim", [nkv]), g.i64("one_dim", [1])], "idx_shape", axis=0)
     b_idx = g.op("Expand", [g.op("Reshape", [b_range, g.i64("shape_b111", [-1, 1, 1, 1])], "b_col"), idx_shape], "b_idx")
-    h_idx = g.op("Expand", [g.i64("h_col", np.arange(nkv).reshape(1, nkv, 1, 1)), idx_shape], "h_idx")
-    p_idx = g.op("Expand", [g.op("Reshape", ["positions", g.i64("shape_01m1", [0, 1, -1, 1])], "p_col"), idx_shape], "p_idx")
-    scatter_idx = g.op("Concat", [b_idx, h_idx, p_idx], "scatter_idx", axis=3)  # [B, nkv, T, 3]
+    h_idx = g.op("Expand", [g.i64("h_col", np.arange(nkv).reshape(1, 1, nkv, 1)), idx_shape], "h_idx")
+    p_idx = g.op("Expand", [g.op("Reshape", ["positions", g.i64("shape_0m11", [0, -1, 1, 1])], "p_col"), idx_shape], "p_idx")
+    scatter_idx = g.op("Concat", [b_idx, h_idx, p_idx], "scatter_idx", axis=3)
 
     if rep > 1:
         q_rows = g.op("Mul", [t_dim, g.i64("grp_dim", [grp])], "q_rows")  # [1]: grp * T
         tile_rep, zero1 = g.i64("tile_rep", [1, 1, rep, 1]), g.i64("zero1", [0])
-    shape_q = g.i64("shape_q", [0, 0, nh, hd])
+    split_qk_v = g.i64("split_qk_v", [(nh + nkv) * hd, nkv * hd])
+    split_q_k = g.i64("split_q_k", [nh, nkv])
+    shape_qk = g.i64("shape_qk", [0, 0, nh + nkv, hd])
     shape_kv = g.i64("shape_kv", [0, 0, nkv, hd])
     shape_groups = g.i64("shape_groups", [0, nkv, -1, hd])
     shape_heads = g.i64("shape_heads", [0, nh, -1, hd])
@@ -336,24 +341,23 @@ def build_decoder_graph(
         g.init(f"{p}.ffn_norm", layer.ffn_norm)
 
         h = _rms_norm(g, x, f"{p}.attn_norm", eps, two, f"{p}_attn_norm")
-        q, k, v = g.op("Split", [g.op("MatMul", [h, w_qkv], f"{p}_qkv"), split_qkv], f"{p}_split", n_out=3, axis=-1)
-        q = _rope(g, g.op("Reshape", [q, shape_q], f"{p}_q4"), cos, sin, swap, f"{p}_q_rot")  # [B, T, nh, hd]
-        k = _rope(g, g.op("Reshape", [k, shape_kv], f"{p}_k4"), cos, sin, swap, f"{p}_k_rot")  # [B, T, nkv, hd]
-        v = g.op("Reshape", [v, shape_kv], f"{p}_v4")
+        qk, v = g.op("Split", [g.op("MatMul", [h, w_qkv], f"{p}_qkv"), split_qk_v], f"{p}_split", n_out=2, axis=-1)
+        qk = _rope(g, g.op("Reshape", [qk, shape_qk], f"{p}_qk4"), cos, sin, swap, f"{p}_qk_rot")  # [B, T, nh+nkv, hd]
+        q, k = g.op("Split", [qk, split_q_k], f"{p}_q_k", n_out=2, axis=2)  # q scaled by 1/sqrt(hd)
+        v = g.op("Reshape", [v, shape_kv], f"{p}_v4")  # [B, T, nkv, hd]
         new_kv += [k, v]
         caches = []
         for name, new in ((f"past_key_{i}", k), (f"past_value_{i}", v)):
             lane_cache = name  # [B, nkv, S, hd]
             if cache_inputs == "slots":
                 lane_cache = g.op("Gather", [name, "lane_ids"], f"{p}_{name[5]}_lanes", axis=0)
-            upd = g.op("Transpose", [new], f"{p}_{name[5]}_upd", perm=[0, 2, 1, 3])  # [B, nkv, T, hd]
-            caches.append(g.op("ScatterND", [lane_cache, scatter_idx, upd], f"{p}_{name[5]}_cache"))
+            caches.append(g.op("ScatterND", [lane_cache, scatter_idx, new], f"{p}_{name[5]}_cache"))
         k_all, v_all = caches
-        qg = g.op("Reshape", [g.op("Transpose", [g.op("Mul", [q, scale], f"{p}_q_scaled")], f"{p}_q_t", perm=[0, 2, 1, 3]), shape_groups], f"{p}_q_groups")
+        qg = g.op("Reshape", [g.op("Transpose", [q], f"{p}_q_t", perm=[0, 2, 1, 3]), shape_groups], f"{p}_q_groups")
         if rep > 1:
             qg = g.op("Tile", [qg, tile_rep], f"{p}_q_rep")
-        scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B,nkv,grp*T,S]
-        probs = g.op("Softmax", [g.op("Where", [mask, scores, neg_inf], f"{p}_masked")], f"{p}_probs", axis=-1)
+        scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B,nkv,rep*grp*T,S]
+        probs = g.op("Softmax", [g.op("Add", [scores, mask], f"{p}_masked")], f"{p}_probs", axis=-1)
         attn = g.op("MatMul", [probs, v_all], f"{p}_attn")  # [B, nkv, rep*grp*T, hd]
         if rep > 1:
             attn = g.op("Slice", [attn, zero1, q_rows, ax2], f"{p}_attn_once")
@@ -375,9 +379,11 @@ def build_decoder_graph(
     else:
         g.init("lm_head", weights.lm_head)
         g.nodes.append(helper.make_node("Gemm", [hn, "lm_head"], ["logits"], name="lm_head", transB=1))
-    stacked = g.op("Concat", [g.op("Unsqueeze", [t, ax0], "kv_u") for t in new_kv], "kv_stack", axis=0)  # [2n, B, T, nkv, hd]
-    kv_shape = g.op("Concat", [g.i64("kv_lead", [cfg.n_layers, 2]), ids_shape, g.i64("kv_tail", [nkv, hd])], "kv_shape", axis=0)
-    g.nodes.append(helper.make_node("Reshape", [stacked, kv_shape], ["new_kv"], name="new_kv"))
+    # new_kv: [B, T, 2 * layers * nkv, hd] -> [B, T, layers, 2, nkv, hd] -> [layers, 2, B, T, nkv, hd]
+    stacked = g.op("Concat", new_kv, "kv_cat", axis=2)
+    kv_shape = g.op("Concat", [ids_shape, g.i64("kv_tail", [cfg.n_layers, 2, nkv, hd])], "kv_shape", axis=0)
+    kv6 = g.op("Reshape", [stacked, kv_shape], "kv6")
+    g.nodes.append(helper.make_node("Transpose", [kv6], ["new_kv"], name="new_kv", perm=[2, 3, 0, 1, 4, 5]))
 
     S = max_context + 1 if max_context is not None else "cache_len"
     if cache_inputs == "slots":
