@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 from .abi import Sampling, SamplingFlag, SamplingParams, StatusError
 
-BACKENDS = ("onnxruntime", "onnxruntime-cuda", "onnxruntime-trt")
+BACKENDS = ("onnxruntime", "onnxruntime-cuda", "onnxruntime-trt", "tensorrt")
 CONTEXT_STEP = 256
 DEFAULT_CONTEXT = 2048
 
@@ -58,7 +58,10 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--gguf", type=Path, help="a Llama-family GGUF file (exported to ONNX on first use, then reused)")
     src.add_argument("--model", type=Path, help="a model directory written by `sf-trt export`")
     g.add_argument("--backend", choices=BACKENDS, default="onnxruntime",
-                   help="onnxruntime (CPU, default), onnxruntime-cuda or onnxruntime-trt (GPU execution providers)")
+                   help="onnxruntime (CPU, default), onnxruntime-cuda or onnxruntime-trt (GPU execution providers), "
+                   "or tensorrt (engines built by `sf-trt build`, see --engines)")
+    g.add_argument("--engines", type=Path, default=Path("engines"),
+                   help="with --backend tensorrt: the directory of engines and manifest.json (default engines/)")
     g.add_argument("--threads", type=_ranged(int, 1, what="threads >= 1"), default=None,
                    help="onnxruntime intra-op threads (default: one per core)")
     g.add_argument("--weights", choices=("int8", "float32"), default="int8",
@@ -146,6 +149,13 @@ def open_model(args, max_lanes: int, max_context: int, progress: bool = True):
     from .backends.ort_decoder import OrtDecoderPrimitives
 
     model_dir = _model_dir(args, progress)
+    if args.backend == "tensorrt":
+        from .backends.tensorrt import TensorRTPrimitives
+        from .tokenizer import Tokenizer
+
+        prims = TensorRTPrimitives.open(args.engines, model="decoder", verify="verify", eos=Tokenizer.load(model_dir).eos)
+        prims.tokenizer = Tokenizer.load(model_dir)
+        return prims
     prims = OrtDecoderPrimitives(
         model_dir, max_lanes=max_lanes, max_context=max_context, threads=args.threads,
         providers=_providers(args.backend),
@@ -229,6 +239,14 @@ def cmd_export(args) -> int:
     out = args.out or models.cache_dir() / "models" / (gguf.name.removesuffix(".gguf") + suffix)
     t0 = time.perf_counter()
     path = export_model_dir(gguf, out, progress=True, weight_dtype=args.weights)
+    verify = path / "verify.onnx"
+    if not verify.is_file():  # the sampler graph, for `sf-trt build` beside the decoder
+        import onnx
+        from export.gguf_llama import LlamaConfig
+        from export.verify import build_verify_graph
+        from export.decoder import read_model_dir
+
+        onnx.save(build_verify_graph(LlamaConfig.from_dict(read_model_dir(path)["llama"]).vocab), verify)
     print(f"model directory: {path} ({time.perf_counter() - t0:.1f}s)")
     return 0
 
