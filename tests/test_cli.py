@@ -70,6 +70,7 @@ def test_unsupported_architecture_is_refused(tmp_path):
         (["generate", "--prompt", ""], "EMPTY_PROMPT"),
         (["generate", "--prompt-ids", "1,2,99999999"], "outside the vocabulary"),
         (["generate", "--prompt-ids", ",".join(["5"] * 40), "--max-context", "32"], "PROMPT_TOO_LONG"),
+        (["generate", "--chat", "hi", "--backend", "onnxruntime-cuda"], "no CUDAExecutionProvider"),
     ],
 )
 def test_bad_prompts_are_refused(args, words):
