@@ -26,14 +26,16 @@ class PromptLookupConfig:
     ``ngram_max``/``ngram_min``: the suffix sizes tried, longest first.
     ``max_draft``: the most draft tokens a lane sends for verification in one pass.
     ``adaptive``: shrink a lane's drafts after rejections (next cap = accepted + 1)
-    and grow them back (doubling) after a fully accepted draft, so a lane whose
-    text does not repeat stops paying for long verify passes.
+    and grow them back (doubling) after a fully accepted draft; after drafts that
+    are rejected outright, skip drafting for 1, 2, 4 .. ``max_backoff`` steps. A lane
+    whose text does not repeat stops paying for verify rows it never uses.
     """
 
     ngram_max: int = 4
     ngram_min: int = 1
     max_draft: int = 8
     adaptive: bool = True
+    max_backoff: int = 16
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max <= 64:
@@ -50,7 +52,7 @@ class PromptLookupConfig:
 class PromptLookupDrafter:
     """An incremental n-gram index over one lane's history (prompt and output)."""
 
-    __slots__ = ("_cfg", "_history", "_latest_end", "draft_cap")
+    __slots__ = ("_cfg", "_history", "_latest_end", "draft_cap", "_misses", "_cooldown")
 
     def __init__(self, cfg: PromptLookupConfig, history: Iterable[int] = ()) -> None:
         self._cfg = cfg
@@ -58,6 +60,8 @@ class PromptLookupDrafter:
         # _latest_end[n - n_min][ngram] = e: history[e-n+1 .. e] == ngram, e <= len - 2.
         self._latest_end: list[dict[tuple[int, ...], int]] = [{} for _ in range(cfg.ngram_min, cfg.ngram_max + 1)]
         self.draft_cap = cfg.max_draft
+        self._misses = 0  # drafts in a row rejected outright
+        self._cooldown = 0  # steps left without drafting
         self.extend(history)
 
     @property
@@ -86,6 +90,9 @@ class PromptLookupDrafter:
         h = self._history
         if max_len <= 0 or not h:
             return []
+        if self._cooldown:  # one call per decode step: backing off after misses
+            self._cooldown -= 1
+            return []
         n_min = self._cfg.ngram_min
         for i in range(len(self._latest_end) - 1, -1, -1):
             n = n_min + i
@@ -104,3 +111,8 @@ class PromptLookupDrafter:
             self.draft_cap = min(self._cfg.max_draft, max(1, self.draft_cap) * 2)
         else:
             self.draft_cap = max(1, accepted + 1)
+        if accepted == 0:
+            self._misses += 1
+            self._cooldown = min(self._cfg.max_backoff, 1 << (self._misses - 1))
+        else:
+            self._misses = 0

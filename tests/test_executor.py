@@ -218,9 +218,13 @@ def test_speculation_takes_fewer_passes_when_the_text_repeats():
 def test_adaptive_drafting_shrinks_drafts_after_rejections():
     from sf_trt.drafting import PromptLookupDrafter
 
-    d = PromptLookupDrafter(PromptLookupConfig(max_draft=8))
+    d = PromptLookupDrafter(PromptLookupConfig(max_draft=8), [1, 2, 1, 2])
     d.observe(8, 0)
     assert d.draft_cap == 1
+    assert d.propose(4) == [], "one step without drafting after a miss"
+    assert d.propose(4) == [1, 2]
+    d.observe(1, 0)
+    assert [d.propose(4) for _ in range(3)] == [[], [], [1, 2]], "the back-off doubles"
     d.observe(1, 1)
     d.observe(2, 2)
     assert d.draft_cap == 4
