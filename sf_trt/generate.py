@@ -86,15 +86,16 @@ class Generator:
         runs: prompts are registered, and so checked, up front.
         """
         ex = self.executor
-        prompt_ids = [ex.register_prompt(list(r.prompt_ids)) for r in requests]
-        for r in requests:
-            if r.speculate and not self.speculation_slot:
-                raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, "generate: this backend cannot speculate (no verify rows or partial rollback)")
+        if any(r.speculate for r in requests) and not self.speculation_slot:
+            raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, "generate: this backend cannot speculate (no verify rows or partial rollback)")
+        prompt_ids: list[int] = []
         results: list[Optional[Result]] = [None] * len(requests)
         pending = list(range(len(requests)))
         live: dict[int, dict] = {}  # lane id (= request index) -> progress
         max_lanes = self.primitives.capabilities.max_lanes
         try:
+            for r in requests:
+                prompt_ids.append(ex.register_prompt(list(r.prompt_ids)))
             while pending or live:
                 plan = Plan()
                 while pending and len(live) < max_lanes:
