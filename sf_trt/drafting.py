@@ -27,7 +27,7 @@ class PromptLookupConfig:
     ``max_draft``: the most draft tokens a lane sends for verification in one pass.
     ``adaptive``: shrink a lane's drafts after rejections (next cap = accepted + 1)
     and grow them back (doubling) after a fully accepted draft; after drafts that
-    are rejected outright, skip drafting for 1, 2, 4 .. ``max_backoff`` steps. A lane
+    are rejected outright, skip drafting for 1, 2 .. ``max_backoff`` (4) steps. A lane
     whose text does not repeat stops paying for verify rows it never uses.
     """
 
@@ -35,7 +35,7 @@ class PromptLookupConfig:
     ngram_min: int = 1
     max_draft: int = 8
     adaptive: bool = True
-    max_backoff: int = 16
+    max_backoff: int = 4
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max <= 64:
