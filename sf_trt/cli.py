@@ -110,10 +110,16 @@ def _model_dir(args, progress: bool = True) -> Path:
         from export.decoder import export_model_dir
 
         gguf = models.check_gguf(args.gguf)
-        suffix = "" if args.weights == "float32" else f"-{args.weights}"
-        out = models.cache_dir() / "models" / (gguf.name.removesuffix(".gguf") + suffix)
-        return export_model_dir(gguf, out, progress=progress, weight_dtype=args.weights)
+        return export_model_dir(gguf, _export_dir(gguf, args.weights), progress=progress, weight_dtype=args.weights)
     return models.default_model_dir(progress=progress, weight_dtype=args.weights)
+
+
+def _export_dir(gguf: Path, weights: str) -> Path:
+    """Where a GGUF's export lives in the cache (the layout sf_trt.models uses)."""
+    from . import models
+
+    suffix = "" if weights == "float32" else f"-{weights}"
+    return models.cache_dir() / "models" / (gguf.name.removesuffix(".gguf") + suffix)
 
 
 def context_for(args, needs: list[int]) -> int:
@@ -235,8 +241,7 @@ def cmd_export(args) -> int:
     from export.decoder import export_model_dir
 
     gguf = models.check_gguf(args.gguf) if args.gguf else models.default_gguf_path()
-    suffix = "" if args.weights == "float32" else f"-{args.weights}"
-    out = args.out or models.cache_dir() / "models" / (gguf.name.removesuffix(".gguf") + suffix)
+    out = args.out or _export_dir(gguf, args.weights)
     t0 = time.perf_counter()
     path = export_model_dir(gguf, out, progress=True, weight_dtype=args.weights)
     verify = path / "verify.onnx"
