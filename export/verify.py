@@ -19,6 +19,7 @@ name            dtype    shape     meaning
 ``rng_key``     int64    [R]       the lane's ``rng_counter_base``, 0 <= key < 2**63
 ``position``    int64    [R]       position of the token drawn, 0 <= position < 2**31
 ``draft``       int64    [R]       the draft token at that position, or -1
+``min_p``       float32  [R]       in [0, 1]; 0 keeps every token
 ==============  =======  ========  =====================================================
 
 Outputs: ``tokens`` int64 ``[R]``, ``match`` bool ``[R]`` (``tokens == draft``).
@@ -27,7 +28,9 @@ Semantics, per row (nothing mixes rows, so a row's token never depends on the ba
 
 * greedy: ``ArgMax(logits)``, the lowest id winning ties;
 * Gumbel: ``s = logits / temperature``; top-k keeps ``s >= kth`` (the k-th largest
-  ``s``, ties kept); top-p on the kept tokens' softmax ``p`` keeps ``s >= lo``,
+  ``s``, ties kept); min-p keeps ``exp(s - m) >= min_p`` (a token's probability at
+  least ``min_p`` times the most likely one's, over the whole vocabulary, as vLLM's
+  ``min_p``); top-p on the softmax ``p`` of the tokens both kept keeps ``s >= lo``,
   where ``lo`` comes from :data:`BISECT_STEPS` bisection steps over
   ``[max(kth, m - BISECT_SPAN), m]`` (``m`` the largest ``s``) that keep
   ``mass(s >= lo) >= top_p``; ``top_p >= 1`` keeps everything (an explicit ``Or``);
@@ -71,9 +74,10 @@ row's elements take the same path wherever the row sits in the batch. Padded
 tokens score ``-inf`` and never win.
 
 Cost. Greedy-only batches should run :func:`build_greedy_graph`. For Gumbel
-batches the ``top_k=False`` / ``top_p=False`` variants drop the TopK / the
-bisection (24 passes over ``[R, Vp]``, most of the cost on a CPU); they draw exactly
-what the full graph draws on rows with ``top_k = 0`` / ``top_p >= 1``.
+batches the ``top_k=False`` / ``top_p=False`` / ``min_p=False`` variants drop the
+TopK / the bisection (24 passes over ``[R, Vp]``, most of the cost on a CPU) / the
+min-p filter; they draw exactly what the full graph draws on rows with
+``top_k = 0`` / ``top_p >= 1`` / ``min_p = 0``.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ OPSET = 17
 ROWS = "rows"
 """The dynamic dim's name (a role in ``export.trt_build.DIM_ROLES``)."""
 LOGITS = "logits"
-SAMPLE_INPUTS = ("mode", "temperature", "top_p", "top_k", "rng_key", "position", "draft")
+SAMPLE_INPUTS = ("mode", "temperature", "top_p", "top_k", "rng_key", "position", "draft", "min_p")
 """The other inputs, named as the :class:`sf_trt.primitives.SampleRows` fields."""
 INPUTS = (LOGITS,) + SAMPLE_INPUTS
 TOKENS, MATCH = "tokens", "match"
@@ -117,7 +121,7 @@ U_BITS = 23
 _INPUT_TYPES = {
     "logits": TensorProto.FLOAT, "mode": TensorProto.INT64, "temperature": TensorProto.FLOAT,
     "top_p": TensorProto.FLOAT, "top_k": TensorProto.INT64, "rng_key": TensorProto.INT64,
-    "position": TensorProto.INT64, "draft": TensorProto.INT64,
+    "position": TensorProto.INT64, "draft": TensorProto.INT64, "min_p": TensorProto.FLOAT,
 }
 
 
@@ -408,15 +412,17 @@ def build_greedy_graph(vocab: int) -> onnx.ModelProto:
 
 
 def build_verify_graph(
-    vocab: int, top_k_limit: int = 1024, *, top_k: bool = True, top_p: bool = True, debug: bool = False
+    vocab: int, top_k_limit: int = 1024, *, top_k: bool = True, top_p: bool = True, min_p: bool = True,
+    debug: bool = False,
 ) -> onnx.ModelProto:
     """The verify-and-sample graph (module docstring: inputs, outputs, semantics, bounds).
 
     ``top_k_limit`` is the largest ``top_k`` a row may ask for; the TopK's static K is
     ``min(vocab, top_k_limit)`` and must stay below 3840 (TensorRT).
 
-    ``top_k=False`` / ``top_p=False`` leave out the TopK / the bisection: such a graph
-    treats every row as ``top_k = 0`` / ``top_p = 1``, and on rows that are so it draws
+    ``top_k=False`` / ``top_p=False`` / ``min_p=False`` leave out the TopK / the bisection /
+    the min-p filter: such a graph treats every row as ``top_k = 0`` / ``top_p = 1`` /
+    ``min_p = 0``, and on rows that are so it draws
     bit-for-bit what the full graph draws (the same ops on the same values; the tests
     check it), so a runner may pick the cheapest variant that covers a batch.
     ``debug=True`` adds the outputs :data:`DEBUG_OUTPUTS`, for tests.
@@ -465,11 +471,19 @@ def build_verify_graph(
     else:
         m = b.op("ReduceMax", [s], "m", axes=[1], keepdims=1)  # [R, 1]: the largest s
 
+    e = None  # [R, Vp]: exp(s - m), in [0, 1] (0 on the -inf padding); 1 at the argmax
+    if min_p or top_p:
+        e = b.op("Exp", [b.op("Sub", [s, m])], "e")
+    if min_p:
+        # Min-p: keep p / p_max = exp(s - m) >= min_p, compared on the [R, Vp] values (no
+        # per-row Log: a transcendental on an [R, 1] column could round by where the row sits).
+        keep_m = b.op("GreaterOrEqual", [e, col("min_p")], "keep_m")  # [R, Vp]; min_p = 0 keeps all
+        keep = keep_m if keep is None else b.op("And", [keep, keep_m], "keep_km")
+
     lo = None
     if top_p:
-        # Top-p over the top-k-filtered softmax: e = exp(s - m) on kept tokens, 0 elsewhere.
+        # Top-p over the top-k- and min-p-filtered softmax: e on kept tokens, 0 elsewhere.
         pcol = col("top_p")  # [R, 1]
-        e = b.op("Exp", [b.op("Sub", [s, m])], "e")  # [R, Vp], in [0, 1] (0 on the -inf padding)
         if keep is not None:
             e = b.op("Mul", [e, as_f32(keep)], "e_k")  # [R, Vp]
         z = b.op("ReduceSum", [e, axis1], "z", keepdims=1)  # [R, 1], >= 1 (the argmax's e is 1)
@@ -535,6 +549,7 @@ def reference_verify_sample(
     rng_key: np.ndarray,
     position: np.ndarray,
     draft: np.ndarray,
+    min_p: np.ndarray | None = None,
     *,
     top_k_limit: int = 1024,
     details: bool = False,
@@ -548,7 +563,9 @@ def reference_verify_sample(
     and how close each row is to such a flip: ``score_gap`` [R] (best minus second-best
     kept score), ``lo_gap`` [R] (the lowest ``s`` top-p keeps minus the highest it drops) and
     ``mass_gap`` [R] (distance from ``top_p`` to the nearest cumulative probability of the
-    tokens in descending order); the last two are +inf where top-p is off.
+    tokens in descending order); the last two are +inf where top-p is off; ``min_p_gap``
+    [R] (distance from ``min_p`` to the nearest ``exp(s - m)``; +inf where min-p is off).
+    ``min_p`` None means 0 on every row.
     """
     logits = np.asarray(logits, np.float32)
     R, V = logits.shape
@@ -562,10 +579,12 @@ def reference_verify_sample(
     kidx = np.clip(top_k - 1, 0, K - 1)
     kth = vals[np.arange(R), kidx]
     k_on = top_k > 0
-    keep_k = (s >= kth[:, None]) | ~k_on[:, None]
     m = vals[:, 0]
+    mp = np.zeros(R, np.float64) if min_p is None else np.asarray(min_p, np.float32).astype(np.float64)
     with np.errstate(under="ignore", invalid="ignore"):
-        e = np.where(keep_k, np.exp(s - m[:, None]), 0.0)
+        ratio = np.exp(s - m[:, None])  # p / p_max
+    keep_k = ((s >= kth[:, None]) | ~k_on[:, None]) & (ratio >= mp[:, None])  # top-k and min-p
+    e = np.where(keep_k, ratio, 0.0)
     z = e.sum(axis=1)
     tp = np.asarray(top_p, np.float32).astype(np.float64)
     target = tp * z
@@ -597,4 +616,7 @@ def reference_verify_sample(
         order = np.argsort(-np.where(keep_k, s, -np.inf), axis=1, kind="stable")
         cum = np.cumsum(np.take_along_axis(e, order, axis=1), axis=1) / z[:, None]
         mass_gap = np.where(p_off, np.inf, np.min(np.abs(cum - tp[:, None]), axis=1))
-    return tokens, match, {"keep": keep, "lo": lo, "score_gap": score_gap, "lo_gap": lo_gap, "mass_gap": mass_gap, "s": s}
+        min_p_gap = np.where(mp > 0, np.min(np.abs(ratio - mp[:, None]), axis=1), np.inf)
+    return tokens, match, {
+        "keep": keep, "lo": lo, "score_gap": score_gap, "lo_gap": lo_gap, "mass_gap": mass_gap, "min_p_gap": min_p_gap, "s": s,
+    }

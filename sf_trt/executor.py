@@ -397,11 +397,11 @@ class Executor:
         draft_at_row = np.fromiter((t for d in drafts for t in (*d, -1)), np.int64, num_rows)
         # Per-lane constants, one row per lane, repeated over the lane's rows.
         ints = np.repeat(np.array([(l.slot, int(l.sampling), l.params.top_k, l.rng_counter_base) for l in lanes], np.int64), counts, axis=0)
-        floats = np.repeat(np.array([(l.params.temperature, l.params.top_p) for l in lanes], np.float32), counts, axis=0)
+        floats = np.repeat(np.array([(l.params.temperature, l.params.top_p, l.params.min_p) for l in lanes], np.float32), counts, axis=0)
         logits = self.primitives.forward(Rows(ints[:, 0], positions, row_tokens, np.arange(num_rows, dtype=np.int64)))
         sample = SampleRows(
             mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_key=ints[:, 3],
-            position=positions + 1, draft=draft_at_row,
+            position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
         )
         drawn, match = self.primitives.verify_sample(logits, sample)
         for lane, draft, off in zip(lanes, drafts, offsets.tolist()):

@@ -18,7 +18,7 @@ overwritten by the next pass (gpt-fast's cursor, not a copy).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -84,7 +84,8 @@ class SampleRows:
     ``mode``: :class:`~sf_trt.abi.Sampling` value; ``temperature``/``top_p``
     float32; ``top_k`` int64 (0: off); ``rng_key``: the lane's
     ``rng_counter_base``; ``position``: absolute position of the token being
-    drawn; ``draft``: the draft token proposed at that position, or -1.
+    drawn; ``draft``: the draft token proposed at that position, or -1;
+    ``min_p`` float32 in [0, 1] (None: 0 on every row, min-p off).
     """
 
     mode: np.ndarray
@@ -94,6 +95,11 @@ class SampleRows:
     rng_key: np.ndarray
     position: np.ndarray
     draft: np.ndarray
+    min_p: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if self.min_p is None:
+            object.__setattr__(self, "min_p", np.zeros(np.shape(self.mode), np.float32))
 
     @property
     def num_rows(self) -> int:
@@ -103,7 +109,7 @@ class SampleRows:
     def empty() -> "SampleRows":
         z = np.zeros(0, np.int64)
         f = np.zeros(0, np.float32)
-        return SampleRows(z, f, f, z, z, z, z)
+        return SampleRows(z, f, f, z, z, z, z, f)
 
 
 _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows))
@@ -259,3 +265,5 @@ class PrimitivesBase:
             raise StatusError(Status.BAD_ARGUMENT, "verify_sample: rng_key must be >= 0 and position in 0..2**31-1 (the hash's domain)")
         if k and (sample.mode.min() < _MODE_MIN or sample.mode.max() > _MODE_MAX):
             raise StatusError(Status.BAD_SAMPLING_MODE, f"verify_sample: unknown sampling mode in {sorted(set(sample.mode.tolist()))}")
+        if k and not (np.all(sample.min_p >= 0) and np.all(sample.min_p <= 1)):  # NaN fails both
+            raise StatusError(Status.BAD_SAMPLING_PARAMS, f"verify_sample: min_p must be in [0, 1] (got {sorted(set(np.asarray(sample.min_p).tolist()))[:4]})")

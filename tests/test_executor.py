@@ -51,6 +51,7 @@ def params(draw):
         top_k=draw(st.sampled_from([0, 0, 1, 3, 16])),
         max_tokens=draw(st.sampled_from([0, 0, 1, 5, 30])),
         flags=draw(st.sampled_from([SamplingFlag(0), SamplingFlag.IGNORE_EOS])),
+        min_p=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
     )
     return mode, p
 

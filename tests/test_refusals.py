@@ -16,7 +16,7 @@ import pytest
 from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
-from sf_trt.primitives import Rows
+from sf_trt.primitives import Rows, SampleRows
 from sf_trt.testing import Harness, register_prompt_lookup_with
 
 from lanes import DIGEST, ID
@@ -111,7 +111,8 @@ def test_bad_prompts_are_refused_at_registration(tokens, status):
     "kwargs, field",
     [(dict(temperature=math.nan), "temperature"), (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"),
      (dict(top_p=1.5), "top_p"), (dict(top_p=math.nan), "top_p"), (dict(top_k=-1), "top_k"),
-     (dict(max_tokens=-1), "max_tokens"), (dict(top_k=1.5), "top_k"), (dict(flags=8), "flags")],
+     (dict(max_tokens=-1), "max_tokens"), (dict(top_k=1.5), "top_k"), (dict(flags=8), "flags"),
+     (dict(min_p=-0.1), "min_p"), (dict(min_p=1.5), "min_p"), (dict(min_p=math.nan), "min_p"), (dict(min_p="0.1"), "min_p")],
 )
 def test_sampling_params_refuse_bad_values(kwargs, field):
     with pytest.raises(StatusError) as err:
@@ -180,3 +181,17 @@ def test_a_backend_without_verify_rows_gives_logits_only_at_each_lanes_last_row(
         f.forward(rows([0, 0], [0, 1], [1, 2], [0, 1]))
     assert err.value.status == Status.UNSUPPORTED
     assert f.forward(rows([0, 0], [0, 1], [1, 2], [1])).shape == (1, 64)
+
+
+@pytest.mark.parametrize("min_p", [-0.5, 1.5, math.nan])
+def test_verify_sample_refuses_min_p_outside_0_1_at_the_seam(min_p):
+    prims = FakePrimitives(CFG)
+    logits = prims.forward(Rows(*(np.asarray(a, np.int64) for a in ([0], [0], [5], [0]))))
+    sample = SampleRows(
+        mode=np.ones(1, np.int64), temperature=np.ones(1, np.float32), top_p=np.ones(1, np.float32),
+        top_k=np.zeros(1, np.int64), rng_key=np.zeros(1, np.int64), position=np.ones(1, np.int64),
+        draft=np.full(1, -1, np.int64), min_p=np.full(1, min_p, np.float32),
+    )
+    with pytest.raises(StatusError, match=r"verify_sample: min_p must be in \[0, 1\]") as err:
+        prims.verify_sample(logits, sample)
+    assert err.value.status == Status.BAD_SAMPLING_PARAMS

@@ -298,7 +298,7 @@ def test_backend_registry_imports_lazily_and_lists_what_exists():
 
 
 SAMPLE_INPUTS = [(f.name, f.type) for f in dataclasses.fields(SampleRows)]
-SAMPLE_DTYPES = {"mode": T.INT64, "temperature": T.FLOAT, "top_p": T.FLOAT, "top_k": T.INT64, "rng_key": T.INT64, "position": T.INT64, "draft": T.INT64}
+SAMPLE_DTYPES = {"mode": T.INT64, "temperature": T.FLOAT, "top_p": T.FLOAT, "top_k": T.INT64, "rng_key": T.INT64, "position": T.INT64, "draft": T.INT64, "min_p": T.FLOAT}
 
 
 def greedy_verify_graph(vocab: int) -> onnx.ModelProto:
