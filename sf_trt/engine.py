@@ -11,7 +11,7 @@ anything runs (:mod:`sf_trt.executor`). A tick answers with :class:`Events`: one
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from .abi import Finish, Sampling, SamplingParams, Status, StatusError
 
 __all__ = [
     "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
-    "TokenRef", "TokenRing", "SpecCounts", "Emit", "Events",
+    "TokenRef", "TokenRing", "SpecCounts", "TokenLogprobs", "Emit", "Events",
 ]
 
 
@@ -34,6 +34,9 @@ class Admit:
     sampling: Sampling = Sampling.GPU_GREEDY
     params: SamplingParams = SamplingParams()
     rng_counter_base: int = 0
+    logprobs: Optional[int] = None
+    """Report each emitted token's logprob and its ``logprobs`` most likely
+    alternatives (0..``sf_trt.logprobs.TOP_LOGPROBS_MAX``); None: no logprobs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,9 @@ class Prefill:
 class Decode:
     lane: int
     n: int
+    max_draft: Optional[int] = None
+    """At most this many draft tokens per pass in this tick (0: no drafting; None:
+    the lane's strategy decides). Changes how many passes the tick takes, never a token."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +80,17 @@ class Plan:
         sampling: Sampling = Sampling.GPU_GREEDY,
         params: SamplingParams = SamplingParams(),
         rng_counter_base: int = 0,
+        logprobs: Optional[int] = None,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base))
+        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs))
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":
         self.ops.append(Prefill(lane, start, length))
         return self
 
-    def decode(self, lane: int, n: int) -> "Plan":
-        self.ops.append(Decode(lane, n))
+    def decode(self, lane: int, n: int, *, max_draft: Optional[int] = None) -> "Plan":
+        self.ops.append(Decode(lane, n, max_draft))
         return self
 
     def release(self, lane: int) -> "Plan":
@@ -156,6 +163,33 @@ class SpecCounts:
 
     proposed: int = 0
     accepted: int = 0
+    drafts: int = 0
+    """Passes in which the lane sent a non-empty draft."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprobs:
+    """Per emitted token: its logprob and the most likely alternatives at its position.
+
+    ``logprob`` float32 ``[n]``; ``top_ids`` int64 ``[n, k]`` and ``top_logprobs``
+    float32 ``[n, k]`` in descending order (``k`` as the lane's ``Admit.logprobs``).
+    """
+
+    logprob: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.logprob.shape[0])
+
+    def __getitem__(self, index: slice) -> "TokenLogprobs":
+        return TokenLogprobs(self.logprob[index], self.top_ids[index], self.top_logprobs[index])
+
+    @staticmethod
+    def concat(parts: list["TokenLogprobs"], k: int) -> "TokenLogprobs":
+        if not parts:
+            return TokenLogprobs(np.zeros(0, np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
+        return TokenLogprobs(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("logprob", "top_ids", "top_logprobs")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +202,8 @@ class Emit:
     spec: SpecCounts
     passes: int = 0
     """Decode passes (forward + verify) this lane took part in during the tick."""
+    logprobs: Optional[TokenLogprobs] = None
+    """For a lane admitted with ``logprobs``: one entry per token behind ``token_ref``."""
 
 
 class Events:

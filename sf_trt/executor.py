@@ -38,15 +38,41 @@ from typing import Any, Optional
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from .logprobs import TOP_LOGPROBS_MAX
 from .drafting import PromptLookupDrafter
-from .engine import Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenRef, TokenRing
-from .primitives import PrimitivesBase, Rows, SampleRows
+from .engine import Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
+from .primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
-__all__ = ["Executor", "ExecutorConfig"]
+__all__ = ["Executor", "ExecutorConfig", "check_prompt"]
 
 _U32 = 2**32
 _I63 = 2**63
+
+
+def check_prompt(tokens: Any, caps: Capabilities) -> np.ndarray:
+    """``tokens`` as a read-only int64 array, or the StatusError :meth:`Executor.register_prompt`
+    raises for them (callers on other threads check a prompt before handing it over)."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise StatusError(Status.BAD_ARGUMENT, f"prompt: tokens must be a 1-D sequence of ints (got dtype {arr.dtype}, shape {arr.shape})")
+    if arr.size == 0:
+        raise StatusError(Status.EMPTY_PROMPT, "prompt: no tokens (a lane needs at least one)")
+    bad = np.flatnonzero((arr < 0) | (arr >= caps.vocab))
+    if bad.size:
+        i = int(bad[0])
+        raise StatusError(
+            Status.TOKEN_OUT_OF_VOCAB,
+            f"prompt: token {int(arr[i])} at index {i} is outside the vocabulary 0..{caps.vocab - 1}",
+        )
+    if arr.size > caps.max_context - 1:
+        raise StatusError(
+            Status.PROMPT_TOO_LONG,
+            f"prompt: {arr.size} tokens leave no room to generate in a context of {caps.max_context}",
+        )
+    prompt = arr.astype(np.int64)
+    prompt.setflags(write=False)
+    return prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +109,7 @@ class _Lane:
     tokens: list[int]
     prefilled_len: int = 0
     finish: Finish = Finish.NONE
+    logprobs: Optional[int] = None
 
     @property
     def emitted_len(self) -> int:
@@ -107,6 +134,7 @@ class _Checked:
     decodes: dict[int, int]
     releases: list[int]
     touched: list[int]
+    max_drafts: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -117,6 +145,9 @@ class _TickOut:
     proposed: int = 0
     accepted: int = 0
     passes: int = 0
+    drafts: int = 0
+    max_draft: Optional[int] = None
+    logprobs: list[TokenLogprobs] = dataclasses.field(default_factory=list)
 
 
 class Executor:
@@ -139,6 +170,7 @@ class Executor:
         self._next_prompt = 1
         self._grants: dict[int, Grant] = {}
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
+        self._logprobs_runner = None  # an OrtLogprobs, made when a lane first asks for logprobs
 
     # -- registration and prompts ---------------------------------------------------
 
@@ -162,25 +194,7 @@ class Executor:
 
     def register_prompt(self, tokens: Any) -> int:
         """Store a prompt; its id is what ``Plan.admit`` takes."""
-        arr = np.asarray(tokens)
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise StatusError(Status.BAD_ARGUMENT, f"prompt: tokens must be a 1-D sequence of ints (got dtype {arr.dtype}, shape {arr.shape})")
-        if arr.size == 0:
-            raise StatusError(Status.EMPTY_PROMPT, "prompt: no tokens (a lane needs at least one)")
-        bad = np.flatnonzero((arr < 0) | (arr >= self.caps.vocab))
-        if bad.size:
-            i = int(bad[0])
-            raise StatusError(
-                Status.TOKEN_OUT_OF_VOCAB,
-                f"prompt: token {int(arr[i])} at index {i} is outside the vocabulary 0..{self.caps.vocab - 1}",
-            )
-        if arr.size > self.caps.max_context - 1:
-            raise StatusError(
-                Status.PROMPT_TOO_LONG,
-                f"prompt: {arr.size} tokens leave no room to generate in a context of {self.caps.max_context}",
-            )
-        prompt = arr.astype(np.int64)
-        prompt.setflags(write=False)
+        prompt = check_prompt(tokens, self.caps)
         pid = self._next_prompt
         self._next_prompt += 1
         self._prompts[pid] = prompt
@@ -213,7 +227,7 @@ class Executor:
     def tick(self, plan: Plan) -> Events:
         """Run one plan. Refused plans raise :class:`StatusError` and change nothing."""
         checked = self._check(plan)
-        out = {lane: _TickOut() for lane in checked.touched}
+        out = {lane: _TickOut(max_draft=checked.max_drafts.get(lane)) for lane in checked.touched}
         for op in checked.admits:
             self._admit(op)
         self._prefill(checked.prefills)
@@ -277,8 +291,13 @@ class Executor:
                     raise StatusError(Status.DECODE_BEFORE_PREFILL, f"{name}: {s[1]} of the prompt's {s[0]} tokens prefilled")
                 if isinstance(op.n, bool) or not isinstance(op.n, (int, np.integer)) or not 1 <= op.n <= self.config.ring_capacity:
                     raise StatusError(Status.DECODE_OUT_OF_RANGE, f"{name}: n must be in 1..{self.config.ring_capacity} (the ring's capacity)")
+                md = op.max_draft
+                if md is not None and (isinstance(md, bool) or not isinstance(md, (int, np.integer)) or md < 0):
+                    raise StatusError(Status.BAD_ARGUMENT, f"{name}: max_draft must be None or an int >= 0 (got {md!r})")
                 s[2] = True
                 checked.decodes[int(op.lane)] = int(op.n)
+                if md is not None:
+                    checked.max_drafts[int(op.lane)] = int(md)
             elif isinstance(op, Release):
                 s = lane_of("release", op.lane)
                 s[3] = True
@@ -316,6 +335,9 @@ class Executor:
         base = op.rng_counter_base
         if isinstance(base, bool) or not isinstance(base, (int, np.integer)) or not 0 <= base < _I63:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: rng_counter_base must be an int in 0..2**63-1 (got {base!r})")
+        lp = op.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, (int, np.integer)) or not 0 <= lp <= TOP_LOGPROBS_MAX):
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
         if free_after < 0:
             raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use")
 
@@ -330,6 +352,7 @@ class Executor:
         self._lanes[int(op.lane)] = _Lane(
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
             params=op.params, rng_counter_base=int(op.rng_counter_base), grant=grant, drafter=drafter, tokens=tokens,
+            logprobs=None if op.logprobs is None else int(op.logprobs),
         )
 
     def _prefill(self, prefills: list[Prefill]) -> None:
@@ -355,9 +378,10 @@ class Executor:
 
     # -- decode ----------------------------------------------------------------------------------
 
-    def _draft_limit(self, lane: _Lane, budget_left: int) -> int:
-        """The most draft tokens a step may send: what the step could still emit, minus one."""
-        limit = budget_left - 1
+    def _draft_limit(self, lane: _Lane, budget_left: int, max_draft: Optional[int]) -> int:
+        """The most draft tokens a step may send: what the step could still emit, minus one,
+        within the tick's ``max_draft`` for the lane."""
+        limit = budget_left - 1 if max_draft is None else min(budget_left - 1, max_draft)
         if lane.params.max_tokens:
             limit = min(limit, lane.params.max_tokens - lane.emitted_len - 1)
         return min(limit, self.caps.max_context - len(lane.tokens) - 1, lane.drafter.draft_cap)
@@ -378,7 +402,7 @@ class Executor:
             for lane, budget_left in active:
                 draft: list[int] = []
                 if lane.drafter is not None and spare_rows > 0:
-                    draft = lane.drafter.propose(min(self._draft_limit(lane, budget_left), spare_rows))
+                    draft = lane.drafter.propose(min(self._draft_limit(lane, budget_left, out[lane.lane_id].max_draft), spare_rows))
                     spare_rows -= len(draft)
                 drafts.append(draft)
             self._step([lane for lane, _ in active], drafts, out)
@@ -404,11 +428,30 @@ class Executor:
             position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
         )
         drawn, match = self.primitives.verify_sample(logits, sample)
+        wanted = []  # (lane, first logit row, tokens emitted) for lanes that report logprobs
         for lane, draft, off in zip(lanes, drafts, offsets.tolist()):
-            self._accept(lane, draft, drawn[off : off + len(draft) + 1], match[off : off + len(draft)], out[lane.lane_id])
+            n = self._accept(lane, draft, drawn[off : off + len(draft) + 1], match[off : off + len(draft)], out[lane.lane_id])
+            if lane.logprobs is not None and n:
+                wanted.append((lane, off, n))
+        if wanted:
+            self._logprobs(logits, drawn, wanted, out)
 
-    def _accept(self, lane: _Lane, draft: list[int], drawn: np.ndarray, match: np.ndarray, out: _TickOut) -> None:
-        """Emit the matching draft prefix plus the token drawn at the first mismatch."""
+    def _logprobs(self, logits: Any, drawn: np.ndarray, wanted: list, out: dict[int, _TickOut]) -> None:
+        """Each emitted token's logprob and top alternatives, from the rows that drew it."""
+        if self._logprobs_runner is None:
+            from .logprobs import OrtLogprobs
+
+            self._logprobs_runner = OrtLogprobs(self.caps.vocab)
+        rows = np.concatenate([np.arange(off, off + n) for _, off, n in wanted])
+        lp, ids, top = self._logprobs_runner.run(self.primitives.logits_host(logits)[rows], drawn[rows])
+        at = 0
+        for lane, _, n in wanted:
+            k = lane.logprobs
+            out[lane.lane_id].logprobs.append(TokenLogprobs(lp[at : at + n], ids[at : at + n, :k], top[at : at + n, :k]))
+            at += n
+
+    def _accept(self, lane: _Lane, draft: list[int], drawn: np.ndarray, match: np.ndarray, out: _TickOut) -> int:
+        """Emit the matching draft prefix plus the token drawn at the first mismatch; how many."""
         k = len(draft)
         accepted = k if match.all() else int(np.argmin(match))
         new = drawn[: accepted + 1].tolist()
@@ -422,8 +465,10 @@ class Executor:
             lane.drafter.observe(k, accepted)
         out.proposed += k
         out.accepted += min(accepted, len(new))
+        out.drafts += k > 0
         if lane.finish == Finish.NONE and accepted < k:
             self.primitives.truncate(lane.slot, start + accepted + 1)
+        return len(new)
 
     def _cut(self, lane: _Lane, new: list[int]) -> tuple[list[int], Finish]:
         """Cut a step's tokens at EOS, max_tokens or the context; the lane's finish."""
@@ -443,7 +488,8 @@ class Executor:
         for lane_id in touched:
             lane, o = self._lanes[lane_id], out[lane_id]
             ref = self._rings[lane.slot].write(o.tokens)
-            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted), o.passes)
+            logprobs = None if lane.logprobs is None else TokenLogprobs.concat(o.logprobs, lane.logprobs)
+            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted, o.drafts), o.passes, logprobs)
         return Events(emits)
 
     def _release_finished(self, touched: list[int]) -> None:
