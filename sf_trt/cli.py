@@ -392,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     from export.trt_cli import add_build_parser
 
     add_build_parser(sub)
+    from .serve.cli import add_serve_parsers  # serve, loadtest (their deps load when they run)
+
+    add_serve_parsers(sub)
     return ap
 
 

@@ -372,7 +372,8 @@ class EngineLoop:
                 log.exception("observer.on_state failed")
 
     def _fail(self, exc: BaseException) -> None:
-        self.failure = f"{type(exc).__name__}: {exc}"
+        with self._cond:  # a submit after this sees the failure; one before it is in _streams below
+            self.failure = f"{type(exc).__name__}: {exc}"
         log.error("engine loop failed, no more requests are served: %s", self.failure)
         error = f"the engine failed: {self.failure}"
         updates = []
@@ -382,8 +383,8 @@ class EngineLoop:
         sched.waiting.clear()
         sched.running.clear()
         with self._cond:
-            inbox, self._inbox = self._inbox, []
-        for kind, arg in inbox:
-            if kind == "add":
-                updates.append(self._refused(arg[1], error))
+            self._inbox = []
         self._deliver(updates)
+        with self._cond:  # whatever is still live (queued, or lost inside the failed step)
+            live = list(self._streams)
+        self._deliver([self._refused(seq_id, error) for seq_id in live])
