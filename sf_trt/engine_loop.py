@@ -35,9 +35,13 @@ from .executor import Executor, ExecutorConfig, check_prompt
 from .primitives import PrimitivesBase
 from .scheduler import FINISH_ERROR, DraftPolicy, LoadAwareDrafting, Request, Scheduler, Update
 
-__all__ = ["LoopConfig", "Output", "RequestStream", "EngineLoop", "LoopObserver", "Overloaded", "NotServing"]
+__all__ = ["SHUTDOWN_ERROR", "LoopConfig", "Output", "RequestStream", "EngineLoop", "LoopObserver", "Overloaded", "NotServing"]
 
 log = logging.getLogger("sf_trt.engine_loop")
+
+
+SHUTDOWN_ERROR = "the server is shutting down"
+"""How the error of a request ended by :meth:`EngineLoop.drain` begins."""
 
 
 class Overloaded(Exception):
@@ -280,7 +284,7 @@ class EngineLoop:
         if self.failure is not None:
             return f"the engine failed and serves no more requests ({self.failure})"
         if self._draining:
-            return "the server is shutting down"
+            return SHUTDOWN_ERROR
         return "the engine loop is not running"
 
     # -- the loop thread ----------------------------------------------------------------------------
@@ -330,10 +334,10 @@ class EngineLoop:
         sched = self.scheduler
         updates = []
         for seq in list(sched.waiting):
-            updates.append(sched.abort(seq.seq_id, "the server is shutting down (the request had not started)"))
+            updates.append(sched.abort(seq.seq_id, f"{SHUTDOWN_ERROR} (the request had not started)"))
         if deadline is not None and time.monotonic() >= deadline:
             for seq_id in list(sched.running):
-                updates.append(sched.abort(seq_id, "the server is shutting down (the request was cut at the drain timeout)"))
+                updates.append(sched.abort(seq_id, f"{SHUTDOWN_ERROR} (the request was cut at the drain timeout)"))
         return [u for u in updates if u is not None]
 
     def _refused(self, seq_id: int, error: str) -> tuple[int, Output]:

@@ -39,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .. import __version__
 from ..abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from ..engine import TokenLogprobs
-from ..engine_loop import EngineLoop, NotServing, Output, Overloaded, RequestStream
+from ..engine_loop import SHUTDOWN_ERROR, EngineLoop, NotServing, Output, Overloaded, RequestStream
 from ..scheduler import DEFAULT_DRAFTER, Request, choice_key
 from ..tokenizer import TokenizerError
 from .metrics import ServerMetrics, finish_reason
@@ -411,8 +411,17 @@ async def _serve(state: ServerState, request: HttpRequest, job: _Job) -> Respons
     collect.result()
     failed = [c for c in job.choices if c.last is not None and c.last.error is not None]
     if failed:
-        raise ApiError(500, "InternalServerError", f"choice {failed[0].index} failed: {failed[0].last.error}")
+        raise _failure(failed[0])
     return JSONResponse(_response(state, job))
+
+
+def _failure(c: _Choice) -> ApiError:
+    """The error of a choice the engine ended with an error: 503 when the server was
+    shutting down, else 500 (a backend fault)."""
+    message = f"choice {c.index} failed: {c.last.error}"
+    if c.last.error.startswith(SHUTDOWN_ERROR):
+        return ApiError(503, "ServiceUnavailableError", message)
+    return ApiError(500, "InternalServerError", message)
 
 
 async def _disconnected(request: HttpRequest) -> None:
@@ -541,8 +550,7 @@ async def _sse(state: ServerState, job: _Job) -> AsyncIterator[str]:
             _take(c, out)
             if out.error is not None:
                 _abort(state, job)
-                err = ApiError(500, "InternalServerError", f"choice {c.index} failed: {out.error}")
-                yield f"event: error\n{_sse_data(err.body())}"
+                yield f"event: error\n{_sse_data(_failure(c).body())}"
                 yield "data: [DONE]\n\n"
                 finished = True
                 return
