@@ -2,7 +2,7 @@
 
 Mounted by ``sf_trt/cli.py`` as the ``build`` subcommand::
 
-    from export.trt_cli import add_build_parser, run_build
+    from sf_trt.export.trt_cli import add_build_parser, run_build
     add_build_parser(subparsers)          # adds "build", sets func=run_build
 
 and runnable alone as ``python -m export.trt_cli [--check] PATH ...``.

@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import onnxruntime as ort
 
-from export.copy_model import build_copy_graph
+from sf_trt.export.copy_model import build_copy_graph
 from .abi import Status, StatusError
 from .primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .sampler import OrtVerifySampler

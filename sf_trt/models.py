@@ -163,7 +163,7 @@ def check_gguf(path: str | os.PathLike, expected_size: int | None = None, *, dee
     the header with gguf (a few seconds for a 49k-token vocabulary), checks the
     architecture and that the tensor data fits in the file.
     """
-    from export.gguf_llama import GGUFError, open_reader, read_config
+    from sf_trt.export.gguf_llama import GGUFError, open_reader, read_config
 
     path = Path(path)
     if not path.is_file():
@@ -211,8 +211,8 @@ def default_model_dir(
     ``weight_dtype="int8"``: the int8 weight-only export (``models/<name>-int8``),
     a quarter of the weight bytes per pass; see :func:`export.decoder.build_decoder_graph`.
     """
-    from export.decoder import export_model_dir
-    from export.gguf_llama import GGUFError
+    from sf_trt.export.decoder import export_model_dir
+    from sf_trt.export.gguf_llama import GGUFError
 
     cache = cache or cache_dir()
     gguf = default_gguf_path(cache, progress=progress, download=download)

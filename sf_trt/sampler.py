@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from export import verify as _verify
+from sf_trt.export import verify as _verify
 
 from .primitives import SampleRows
 

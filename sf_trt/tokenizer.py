@@ -141,7 +141,7 @@ class Tokenizer:
         if hasattr(source, "fields"):
             reader = source
         else:
-            from export.gguf_llama import open_reader
+            from sf_trt.export.gguf_llama import open_reader
 
             reader = open_reader(source)
 

@@ -92,7 +92,7 @@ def schedules():
 @pytest.fixture(scope="session")
 def tiny():
     """``(cfg, weights)`` of the tiny random Llama."""
-    from export.decoder import random_llama_weights, tiny_llama_config
+    from sf_trt.export.decoder import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
     return cfg, random_llama_weights(cfg, seed=0)
@@ -101,7 +101,7 @@ def tiny():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny, tmp_path_factory):
     """A model directory holding the tiny model's graph (no tokenizer)."""
-    from export.decoder import build_decoder_graph, write_model_dir
+    from sf_trt.export.decoder import build_decoder_graph, write_model_dir
 
     cfg, weights = tiny
     return write_model_dir(tmp_path_factory.mktemp("tiny") / "model", cfg, build_decoder_graph(cfg, weights))
@@ -110,7 +110,7 @@ def tiny_model_dir(tiny, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_int8_model_dir(tiny, tmp_path_factory):
     """The tiny model with int8 weights."""
-    from export.decoder import build_decoder_graph, write_model_dir
+    from sf_trt.export.decoder import build_decoder_graph, write_model_dir
 
     cfg, weights = tiny
     graph = build_decoder_graph(cfg, weights, weight_dtype="int8")
@@ -120,7 +120,7 @@ def tiny_int8_model_dir(tiny, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_mha_model_dir(tmp_path_factory):
     """A tiny model without GQA (n_heads == n_kv_heads): attention has M = T query rows."""
-    from export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config, write_model_dir
+    from sf_trt.export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config, write_model_dir
 
     cfg = tiny_llama_config(n_heads=4, n_kv_heads=4)
     return write_model_dir(tmp_path_factory.mktemp("tiny_mha") / "model", cfg, build_decoder_graph(cfg, random_llama_weights(cfg, 1)))
@@ -158,7 +158,7 @@ def real_int8_model_dir(real_gguf):
 
 @pytest.fixture(scope="session")
 def real_reader(real_gguf):
-    from export.gguf_llama import open_reader
+    from sf_trt.export.gguf_llama import open_reader
 
     return open_reader(real_gguf)
 
@@ -166,7 +166,7 @@ def real_reader(real_gguf):
 @pytest.fixture(scope="session")
 def real_weights(real_reader):
     """``(cfg, weights)`` of the real model, float32 as dequantized from the GGUF."""
-    from export.gguf_llama import load_gguf
+    from sf_trt.export.gguf_llama import load_gguf
 
     return load_gguf(real_reader)
 

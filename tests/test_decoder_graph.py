@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.decoder import (
+from sf_trt.export.decoder import (
     build_decoder_graph,
     export_model_dir,
     random_llama_weights,
@@ -25,7 +25,7 @@ from export.decoder import (
     reference_forward,
     tiny_llama_config,
 )
-from export.gguf_llama import GGUFError, LlamaConfig, load_gguf, unpermute_rotary_rows
+from sf_trt.export.gguf_llama import GGUFError, LlamaConfig, load_gguf, unpermute_rotary_rows
 from sf_trt.abi import Status, StatusError
 from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
 from sf_trt.primitives import Rows, SampleRows
@@ -69,7 +69,7 @@ def prims(tiny_model_dir):
 
 @pytest.mark.parametrize("cache_inputs, weight_dtype, n_kv_heads", [("pass", "float32", 2), ("slots", "float32", 2), ("slots", "int8", 2), ("slots", "float32", 4)])
 def test_graph_is_plain_onnx_that_tensorrt_parses(cache_inputs, weight_dtype, n_kv_heads):
-    from export.trt_support import check_graph, errors_in, format_findings
+    from sf_trt.export.trt_support import check_graph, errors_in, format_findings
 
     cfg = tiny_llama_config(n_kv_heads=n_kv_heads)
     weights = random_llama_weights(cfg, 0)
@@ -84,14 +84,14 @@ def test_graph_is_plain_onnx_that_tensorrt_parses(cache_inputs, weight_dtype, n_
 
 
 def test_registry_builds_the_decoder():
-    from export.registry import GRAPHS
+    from sf_trt.export.registry import GRAPHS
 
     model = GRAPHS["decoder"]()
     assert {i.name for i in model.graph.input} >= {"input_ids", "positions", "logit_index", "past_key_0", "past_value_1"}
 
 
 def test_slots_form_equals_pass_form_bit_for_bit(tiny):
-    from export.decoder import pass_form
+    from sf_trt.export.decoder import pass_form
 
     cfg, weights = tiny
     opts = ort.SessionOptions()
@@ -136,7 +136,7 @@ def test_decode_row_by_row_matches_the_reference(tiny, prims):
 def test_int8_graph_computes_the_int8_weights(tiny, tiny_int8_model_dir):
     """onnxruntime runs DequantizeLinear -> MatMul as MatMulNBits with int8 compute
     (activations quantized per row and block): within about 1% of the int8 model."""
-    from export.decoder import int8_weights
+    from sf_trt.export.decoder import int8_weights
 
     cfg, weights = tiny
     with OrtDecoderPrimitives(tiny_int8_model_dir, max_lanes=1, max_context=64) as p:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from export.decoder import reference_forward
+from sf_trt.export.decoder import reference_forward
 from sf_trt.primitives import Rows, SampleRows
 
 pytestmark = pytest.mark.slow

@@ -22,9 +22,9 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
-from export.copy_model import build_copy_graph
-from export.registry import GRAPHS
-from export.trt_build import (
+from sf_trt.export.copy_model import build_copy_graph
+from sf_trt.export.registry import GRAPHS
+from sf_trt.export.trt_build import (
     DIM_ROLES,
     FIXED_ROLES,
     BuildConfig,
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def registry_graph(name: str) -> onnx.ModelProto:
-    module = {"verify": "export.verify", "copy_model": "export.copy_model", "decoder": "export.decoder"}[name]
+    module = {"verify": "sf_trt.export.verify", "copy_model": "sf_trt.export.copy_model", "decoder": "sf_trt.export.decoder"}[name]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"registry graph {name!r}: its builder {module.replace('.', '/')}.py is not written yet")
     return GRAPHS[name]()
@@ -248,7 +248,7 @@ def test_sf_trt_imports_without_tensorrt_or_torch():
         "for m in ('tensorrt', 'tensorrt_lean', 'torch', 'cuda'):\n"
         "    sys.modules[m] = None  # any import of them raises ImportError\n"
         "import sf_trt, sf_trt.backends, sf_trt.backends.tensorrt\n"
-        "import export.trt_support, export.trt_build, export.trt_cli\n"
+        "import sf_trt.export.trt_support, sf_trt.export.trt_build, sf_trt.export.trt_cli\n"
         "assert sys.modules['tensorrt'] is None and sys.modules['torch'] is None\n"
         "print('ok')\n"
     )
@@ -262,7 +262,7 @@ def test_without_tensorrt_the_primitives_and_the_build_refuse_clearly(tmp_path):
     with pytest.raises(StatusError, match=r"TensorRTPrimitives: TensorRT not available: ") as err:
         TensorRTPrimitives.open(tmp_path)
     assert err.value.status == Status.UNSUPPORTED
-    from export.trt_build import build_engine
+    from sf_trt.export.trt_build import build_engine
 
     graph = tmp_path / "copy_model.onnx"
     onnx.save(build_copy_graph(vocab=16, eos=15, max_lanes=2, max_context=8), graph)
@@ -272,7 +272,7 @@ def test_without_tensorrt_the_primitives_and_the_build_refuse_clearly(tmp_path):
 
 
 def test_build_refuses_an_unsupported_graph_before_touching_tensorrt(tmp_path):
-    from export.trt_build import build_engine
+    from sf_trt.export.trt_build import build_engine
 
     x = h.make_tensor_value_info("x", T.INT64, ["rows"])
     y = h.make_tensor_value_info("y", T.INT64, ["rows"])
@@ -314,9 +314,9 @@ def greedy_verify_graph(vocab: int) -> onnx.ModelProto:
 
 
 def verify_graph(vocab: int, top_k_limit: int) -> onnx.ModelProto:
-    if importlib.util.find_spec("export.verify") is None:
+    if importlib.util.find_spec("sf_trt.export.verify") is None:
         return greedy_verify_graph(vocab)
-    from export.verify import build_verify_graph
+    from sf_trt.export.verify import build_verify_graph
 
     return build_verify_graph(vocab=vocab, top_k_limit=top_k_limit)
 
@@ -419,7 +419,7 @@ def test_stand_in_speculation_changes_nothing_a_plain_decode_draws():
         return tokens
 
     modes = [(Sampling.GPU_GREEDY, SamplingParams(flags=SamplingFlag.IGNORE_EOS))]
-    if importlib.util.find_spec("export.verify") is not None:
+    if importlib.util.find_spec("sf_trt.export.verify") is not None:
         modes.append((Sampling.GPU_GUMBEL, SamplingParams(temperature=0.8, top_p=0.95, flags=SamplingFlag.IGNORE_EOS)))
     for mode, params in modes:
         plain = run(False, mode, params)
@@ -433,7 +433,7 @@ def test_stand_in_speculation_changes_nothing_a_plain_decode_draws():
 def _need_tensorrt_and_gpu():
     if importlib.util.find_spec("tensorrt") is None:
         pytest.skip("TensorRT is not installed (pip install tensorrt from NVIDIA's index, on a GPU machine)")
-    from export.trt_build import device_info
+    from sf_trt.export.trt_build import device_info
 
     try:
         device_info()
@@ -446,7 +446,7 @@ def test_tensorrt_build_writes_an_engine_its_manifest_accepts(tmp_path):
     _need_tensorrt_and_gpu()
     import tensorrt as trt
 
-    from export.trt_build import build_engine, device_info
+    from sf_trt.export.trt_build import build_engine, device_info
 
     graph = tmp_path / "copy_model.onnx"
     onnx.save(build_copy_graph(vocab=VOCAB, eos=EOS, max_lanes=LANES, max_context=CONTEXT), graph)
@@ -461,7 +461,7 @@ def test_tensorrt_build_writes_an_engine_its_manifest_accepts(tmp_path):
 @pytest.mark.tensorrt
 def test_tensorrt_fake_matches_the_stand_in(tmp_path):
     _need_tensorrt_and_gpu()
-    from export.trt_build import build_engine
+    from sf_trt.export.trt_build import build_engine
 
     copy = build_copy_graph(vocab=VOCAB, eos=EOS, max_lanes=LANES, max_context=CONTEXT, copy_miss_every=5)
     onnx.save(copy, tmp_path / "copy_model.onnx")
@@ -501,9 +501,9 @@ def test_speculative_equals_plain_on_the_stand_in_fake():
 
 
 def _decoder_parts():
-    if importlib.util.find_spec("export.decoder") is None:
+    if importlib.util.find_spec("sf_trt.export.decoder") is None:
         pytest.skip("export/decoder.py is not written yet")
-    from export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config
+    from sf_trt.export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
     weights = random_llama_weights(cfg, seed=0)
@@ -525,7 +525,7 @@ def test_decoder_stand_in_capabilities_come_from_the_graph():
 
 
 def test_decoder_stand_in_matches_the_reference_and_any_packing():
-    from export.decoder import reference_forward
+    from sf_trt.export.decoder import reference_forward
 
     cfg, weights, _ = _decoder_parts()
     tokens = [5, 9, 17, 3, 5, 9, 40, 41, 2, 7]
@@ -593,7 +593,7 @@ def test_decoder_speculation_check_of_the_smoke_tool_on_the_stand_in():
 @pytest.mark.tensorrt
 def test_tensorrt_decoder_matches_the_stand_in_within_fp16_tolerance(tmp_path):
     _need_tensorrt_and_gpu()
-    from export.trt_build import build_engine
+    from sf_trt.export.trt_build import build_engine
 
     cfg, _, graph = _decoder_parts()
     onnx.save(graph, tmp_path / "decoder.onnx")

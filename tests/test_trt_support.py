@@ -19,12 +19,12 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from export.registry import GRAPHS
-from export.trt_cli import main as cli_main
-from export.trt_support import OP_RULES, TOPK_MAX_K, UNSUPPORTED_OPS, check_dir, check_graph, errors_in
+from sf_trt.export.registry import GRAPHS
+from sf_trt.export.trt_cli import main as cli_main
+from sf_trt.export.trt_support import OP_RULES, TOPK_MAX_K, UNSUPPORTED_OPS, check_dir, check_graph, errors_in
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILDER_MODULE = {"verify": "export.verify", "copy_model": "export.copy_model", "decoder": "export.decoder"}
+BUILDER_MODULE = {"verify": "sf_trt.export.verify", "copy_model": "sf_trt.export.copy_model", "decoder": "sf_trt.export.decoder"}
 
 
 def registry_graph(name: str) -> onnx.ModelProto:
@@ -272,7 +272,7 @@ def test_cli_check_registry(capsys):
 def test_python_dash_m_runs_standalone(tmp_path):
     onnx.save(_cumsum_runtime_axis(), tmp_path / "cdf.onnx")
     proc = subprocess.run(
-        [sys.executable, "-m", "export.trt_cli", "--check", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "sf_trt.export.trt_cli", "--check", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 1, proc.stderr
     assert "cdf (CumSum)" in proc.stdout and "Traceback" not in proc.stderr

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from export import verify as V
-from export.trt_support import check_graph, errors_in
+from sf_trt.export import verify as V
+from sf_trt.export.trt_support import check_graph, errors_in
 from sf_trt.primitives import SampleRows
 from sf_trt.sampler import OrtVerifySampler
 

@@ -84,8 +84,8 @@ class OrtDecoderPrimitives(PrimitivesBase):
     ) -> None:
         import onnxruntime as ort
 
-        from export.decoder import CACHE_INPUTS, GRAPH_FILE, PASS_GRAPH_FILE, read_model_dir
-        from export.gguf_llama import LlamaConfig
+        from sf_trt.export.decoder import CACHE_INPUTS, GRAPH_FILE, PASS_GRAPH_FILE, read_model_dir
+        from sf_trt.export.gguf_llama import LlamaConfig
 
         self.model_dir = Path(model_dir)
         try:

@@ -136,7 +136,7 @@ class BufferPlan:
     def from_onnx(graph: Any, cfg: Any = None, *, name: str | None = None, dims: Mapping[str, int] | None = None) -> "BufferPlan":
         """From an ONNX graph (a ``ModelProto`` or a path) and the
         :class:`~export.trt_build.BuildConfig` its engine is (to be) built with."""
-        from export.trt_build import BuildConfig, derive_profiles, onnx_io
+        from sf_trt.export.trt_build import BuildConfig, derive_profiles, onnx_io
 
         if dims is None:
             dims = derive_profiles(graph, cfg or BuildConfig()).max_dims()
@@ -306,7 +306,7 @@ class _TrtRunner:
         for i in range(self.engine.num_io_tensors):
             tname = self.engine.get_tensor_name(i)
             mode = "input" if self.engine.get_tensor_mode(tname) == trt.TensorIOMode.INPUT else "output"
-            from export.trt_build import trt_dtype_name  # noqa: PLC0415
+            from sf_trt.export.trt_build import trt_dtype_name  # noqa: PLC0415
 
             engine_io.append((tname, mode, trt_dtype_name(trt, self.engine.get_tensor_dtype(tname))))
         problems = plan.problems_with(engine_io)
@@ -591,7 +591,7 @@ class TensorRTPrimitives(PrimitivesBase):
         ``eos`` defaults to the manifest's ``meta["eos"]``; ``caps`` go to the
         constructor (``verify_rows``, ``truncate_partial``, ``top_k_limit``, ...).
         """
-        from export.trt_build import BuildError, check_manifest, device_info, import_tensorrt, read_manifest
+        from sf_trt.export.trt_build import BuildError, check_manifest, device_info, import_tensorrt, read_manifest
 
         try:
             trt = import_tensorrt()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .abi import Sampling, SamplingFlag, SamplingParams, StatusError
+from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, StatusError
 
 BACKENDS = ("onnxruntime", "onnxruntime-cuda", "onnxruntime-trt", "tensorrt")
 CONTEXT_STEP = 256
@@ -102,12 +102,12 @@ def _sampling(args) -> tuple[Sampling, SamplingParams]:
 
 
 def _model_dir(args, progress: bool = True) -> Path:
-    from . import models
+    from sf_trt import models
 
     if args.model is not None:
         return args.model
     if args.gguf is not None:
-        from export.decoder import export_model_dir
+        from sf_trt.export.decoder import export_model_dir
 
         gguf = models.check_gguf(args.gguf)
         return export_model_dir(gguf, _export_dir(gguf, args.weights), progress=progress, weight_dtype=args.weights)
@@ -116,7 +116,7 @@ def _model_dir(args, progress: bool = True) -> Path:
 
 def _export_dir(gguf: Path, weights: str) -> Path:
     """Where a GGUF's export lives in the cache (the layout sf_trt.models uses)."""
-    from . import models
+    from sf_trt import models
 
     suffix = "" if weights == "float32" else f"-{weights}"
     return models.cache_dir() / "models" / (gguf.name.removesuffix(".gguf") + suffix)
@@ -152,12 +152,12 @@ def _providers(backend: str) -> list:
 
 def open_model(args, max_lanes: int, max_context: int, progress: bool = True):
     """The decoder primitives for ``args`` (model source, backend, threads)."""
-    from .backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
 
     model_dir = _model_dir(args, progress)
     if args.backend == "tensorrt":
-        from .backends.tensorrt import TensorRTPrimitives
-        from .tokenizer import Tokenizer
+        from sf_trt.backends.tensorrt import TensorRTPrimitives
+        from sf_trt.tokenizer import Tokenizer
 
         prims = TensorRTPrimitives.open(args.engines, model="decoder", verify="verify", eos=Tokenizer.load(model_dir).eos)
         prims.tokenizer = Tokenizer.load(model_dir)
@@ -172,14 +172,14 @@ def open_model(args, max_lanes: int, max_context: int, progress: bool = True):
 
 
 def open_tokenizer(args):
-    from .tokenizer import Tokenizer
+    from sf_trt.tokenizer import Tokenizer
 
     return Tokenizer.load(_model_dir(args, progress=not getattr(args, "json", False)))
 
 
 def _generator(prims, args):
-    from .drafting import PromptLookupConfig
-    from .generate import Generator
+    from sf_trt.drafting import PromptLookupConfig
+    from sf_trt.generate import Generator
 
     return Generator(prims, draft_config=PromptLookupConfig(max_draft=args.max_draft), tick_tokens=args.tick_tokens)
 
@@ -205,7 +205,7 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def cmd_generate(args) -> int:
-    from .generate import Request
+    from sf_trt.generate import Request
 
     tok = open_tokenizer(args)
     ids = _prompt_ids(tok, prompt=args.prompt, chat=args.chat, prompt_ids=args.prompt_ids)
@@ -237,8 +237,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from . import models
-    from export.decoder import export_model_dir
+    from sf_trt import models
+    from sf_trt.export.decoder import export_model_dir
 
     gguf = models.check_gguf(args.gguf) if args.gguf else models.default_gguf_path()
     out = args.out or _export_dir(gguf, args.weights)
@@ -247,9 +247,9 @@ def cmd_export(args) -> int:
     verify = path / "verify.onnx"
     if not verify.is_file():  # the sampler graph, for `sf-trt build` beside the decoder
         import onnx
-        from export.gguf_llama import LlamaConfig
-        from export.verify import build_verify_graph
-        from export.decoder import read_model_dir
+        from sf_trt.export.gguf_llama import LlamaConfig
+        from sf_trt.export.verify import build_verify_graph
+        from sf_trt.export.decoder import read_model_dir
 
         onnx.save(build_verify_graph(LlamaConfig.from_dict(read_model_dir(path)["llama"]).vocab), verify)
     print(f"model directory: {path} ({time.perf_counter() - t0:.1f}s)")
@@ -287,7 +287,7 @@ def _read_prompts(path: Path) -> list[dict]:
 
 def bench(args) -> dict:
     """Every prompt plain, then speculative, with the same parameters; the results."""
-    from .generate import Request
+    from sf_trt.generate import Request
 
     rows = _read_prompts(args.prompts)
     tok = open_tokenizer(args)
@@ -389,16 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(b)
     b.set_defaults(func=cmd_bench)
 
-    from export.trt_cli import add_build_parser
+    from sf_trt.export.trt_cli import add_build_parser
 
     add_build_parser(sub)
     return ap
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from . import models
-    from .tokenizer import TokenizerError
-    from export.gguf_llama import GGUFError
+    from sf_trt import models
+    from sf_trt.tokenizer import TokenizerError
+    from sf_trt.export.gguf_llama import GGUFError
 
     args = build_parser().parse_args(argv)
     try:
