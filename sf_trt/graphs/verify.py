@@ -85,6 +85,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..abi import Sampling
+from .builder import OPSET
+
 __all__ = [
     "OPSET", "ROWS", "LOGITS", "SAMPLE_INPUTS", "INPUTS", "TOKENS", "MATCH", "OUTPUTS",
     "GREEDY", "GUMBEL", "TOPK_MAX_K", "PAD_TO", "BISECT_STEPS", "BISECT_SPAN",
@@ -93,9 +96,8 @@ __all__ = [
     "hash_u", "hash_bounds", "hash_intermediates", "reference_verify_sample",
 ]
 
-OPSET = 17
 ROWS = "rows"
-"""The dynamic dim's name (a role in ``export.trt_build.DIM_ROLES``)."""
+"""The dynamic dim's name (a role in :data:`sf_trt.formats.shapes.DIM_ROLES`)."""
 LOGITS = "logits"
 SAMPLE_INPUTS = ("mode", "temperature", "top_p", "top_k", "rng_key", "position", "draft")
 """The other inputs, named as the :class:`sf_trt.primitives.SampleRows` fields."""
@@ -105,9 +107,10 @@ OUTPUTS = (TOKENS, MATCH)
 DEBUG_OUTPUTS = ("u", "keep", "lo")
 """Extra outputs of ``build_verify_graph(..., debug=True)``: ``u`` float32 ``[R, Vp]``,
 ``keep`` bool ``[R, Vp]`` (the candidate set of a Gumbel row), ``lo`` float32 ``[R, 1]``."""
-GREEDY, GUMBEL = 0, 1
+GREEDY, GUMBEL = int(Sampling.GPU_GREEDY), int(Sampling.GPU_GUMBEL)
 TOPK_MAX_K = 3840
-"""TensorRT's TopK takes ``K < 3840``."""
+"""TensorRT's TopK takes ``K < 3840`` (its ONNX parser's TopK importer); stated here, where the
+graph is built, and checked by ``sf_trt.export.trt_support`` too."""
 PAD_TO = 16
 BISECT_STEPS = 24
 BISECT_SPAN = 48.0
@@ -404,7 +407,7 @@ def build_greedy_graph(vocab: int) -> onnx.ModelProto:
     b.named("Equal", [tok, "draft"], MATCH)  # [R]
     inputs, outputs = _io(vocab)
     graph = helper.make_graph(b.nodes, "verify_greedy", inputs, outputs, b.inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.export.verify")
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify")
 
 
 def build_verify_graph(
@@ -518,7 +521,7 @@ def build_verify_graph(
             helper.make_tensor_value_info("lo", TensorProto.FLOAT, [ROWS, 1]),
         ]
     graph = helper.make_graph(b.nodes, "verify", inputs, outputs, b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.export.verify")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify")
     model.metadata_props.add(key="top_k_limit", value=str(int(top_k_limit)))
     return model
 
