@@ -19,7 +19,7 @@ from .abi import Status, StatusError
 from .backends.ort_session import open_session
 from .graphs.copy_model import build_copy_graph
 from .primitives import Capabilities, PrimitivesBase, Rows, SampleRows
-from .sampler import OrtVerifySampler
+from .backends.ort_sampler import OrtVerifySampler
 
 __all__ = ["FakeConfig", "FakePrimitives"]
 

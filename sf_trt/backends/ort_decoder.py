@@ -41,7 +41,7 @@ import numpy as np
 from ..abi import Status, StatusError
 from ..formats.model_dir import CACHE_INPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
-from ..sampler import OrtVerifySampler
+from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
 __all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]

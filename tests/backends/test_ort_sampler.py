@@ -1,4 +1,4 @@
-"""Verify-and-sample on onnxruntime (sf_trt.sampler): the cheapest graph that covers a batch, the same draws."""
+"""Verify-and-sample on onnxruntime (sf_trt.backends.ort_sampler): the cheapest graph that covers a batch, the same draws."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import onnxruntime as ort
 
 from sf_trt.graphs import verify as V
 from sf_trt.primitives import SampleRows
-from sf_trt.sampler import OrtVerifySampler
+from sf_trt.backends.ort_sampler import OrtVerifySampler
 
 VOCABS = (5, 37, 64, 300)  # 64: no padding; the others padded to a multiple of 16
 

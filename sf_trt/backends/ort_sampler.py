@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends.ort_session import open_session
-from .graphs import verify as _verify
-from .primitives import SampleRows
+from .ort_session import open_session
+from ..graphs import verify as _verify
+from ..primitives import SampleRows
 
 __all__ = ["OrtVerifySampler"]
 
