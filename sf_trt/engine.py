@@ -18,9 +18,13 @@ import numpy as np
 from .abi import Finish, Sampling, SamplingParams, Status, StatusError
 
 __all__ = [
-    "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
+    "TOP_LOGPROBS_MAX", "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
     "TokenRef", "TokenRing", "SpecCounts", "TokenLogprobs", "Emit", "Events",
 ]
+
+
+TOP_LOGPROBS_MAX = 20
+"""The most alternatives a token's logprobs report (OpenAI's ``top_logprobs`` limit)."""
 
 
 # -- plans -----------------------------------------------------------------------
@@ -36,7 +40,7 @@ class Admit:
     rng_counter_base: int = 0
     logprobs: Optional[int] = None
     """Report each emitted token's logprob and its ``logprobs`` most likely
-    alternatives (0..``sf_trt.logprobs.TOP_LOGPROBS_MAX``); None: no logprobs."""
+    alternatives (0..:data:`TOP_LOGPROBS_MAX`); None: no logprobs."""
 
 
 @dataclasses.dataclass(frozen=True)

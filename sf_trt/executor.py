@@ -38,9 +38,8 @@ from typing import Any, Optional
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
-from .logprobs import TOP_LOGPROBS_MAX
 from .drafting import PromptLookupDrafter
-from .engine import Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
+from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
 from .primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
@@ -439,7 +438,7 @@ class Executor:
     def _logprobs(self, logits: Any, drawn: np.ndarray, wanted: list, out: dict[int, _TickOut]) -> None:
         """Each emitted token's logprob and top alternatives, from the rows that drew it."""
         if self._logprobs_runner is None:
-            from .logprobs import OrtLogprobs
+            from .backends.ort_logprobs import OrtLogprobs
 
             self._logprobs_runner = OrtLogprobs(self.caps.vocab)
         rows = np.concatenate([np.arange(off, off + n) for _, off, n in wanted])
@@ -533,13 +532,3 @@ class Executor:
             for l in sorted(self._lanes.values(), key=lambda l: l.lane_id)
         )
         return (lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings), tuple(sorted(self._prompts)))
-
-
-def __getattr__(name: str):
-    # The Rust original exports FakePrimitives beside the Executor; keep that
-    # spelling working without importing onnxruntime graphs at module import.
-    if name == "FakePrimitives":
-        from .fake import FakePrimitives
-
-        return FakePrimitives
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,9 +22,13 @@ from .executor import Executor, ExecutorConfig
 from .primitives import PrimitivesBase
 from .scheduler import DRAFTERS, DraftPolicy, Request, Scheduler, choice_key, run_to_completion
 
-__all__ = ["Generator", "Request", "Result", "choice_key", "STRATEGY_ID"]
+__all__ = ["Generator", "Request", "Result", "choice_key", "STRATEGY_ID", "DEFAULT_TICK_TOKENS", "DEFAULT_PREFILL_CHUNK"]
 
 STRATEGY_ID = DRAFTERS["prompt-lookup"].strategy_id
+DEFAULT_TICK_TOKENS = 16
+"""Tokens each decoding lane is asked for per tick."""
+DEFAULT_PREFILL_CHUNK = 256
+"""Prompt tokens a lane prefills per tick."""
 
 
 @dataclasses.dataclass
@@ -59,8 +63,8 @@ class Generator:
         primitives: PrimitivesBase,
         *,
         draft_config: Optional[PromptLookupConfig] = None,
-        tick_tokens: int = 16,
-        prefill_chunk: int = 256,
+        tick_tokens: int = DEFAULT_TICK_TOKENS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefill_budget: Optional[int] = None,
         executor_config: ExecutorConfig = ExecutorConfig(),
         tokenizer: Any = None,

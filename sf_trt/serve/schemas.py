@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..logprobs import TOP_LOGPROBS_MAX
+from ..engine import TOP_LOGPROBS_MAX
 from ..scheduler import DRAFTERS
 
 __all__ = [
