@@ -156,6 +156,8 @@ class Sequence:
         self.proposed = self.accepted = self.drafts = self.passes = 0
         self.acceptance = 0.5
         """Moving average of accepted / proposed draft tokens (the drafting policy reads it)."""
+        self.tokens_per_pass = 1.0
+        """Moving average of tokens emitted per decode pass in ticks that drafted."""
         self.ticks_since_draft = 0
         self.logprobs_parts: list[TokenLogprobs] = []
         self._decoder = decoder
@@ -227,6 +229,7 @@ class Sequence:
         self.drafts += spec.drafts
         if spec.proposed:
             self.acceptance = 0.5 * self.acceptance + 0.5 * spec.accepted / spec.proposed
+            self.tokens_per_pass = 0.5 * self.tokens_per_pass + 0.5 * len(new) / max(1, emit.passes)
             self.ticks_since_draft = 0
         else:
             self.ticks_since_draft += 1
@@ -256,12 +259,13 @@ class Sequence:
 
 
 class DraftPolicy:
-    """Decides, each tick, the draft cap of every decoding lane that speculates
-    (``Decode.max_draft``: None leaves it to the drafter, 0 turns drafting off).
-    The base class always lets lanes draft."""
+    """Decides, each tick, what every decoding lane is asked for: ``(tokens, max_draft)``
+    (``Decode.n`` and ``Decode.max_draft``: None leaves the draft length to the drafter,
+    0 turns drafting off). The base class asks every lane for ``tick_tokens`` and lets
+    lanes that speculate draft as their drafter likes."""
 
-    def caps(self, seqs: list[Sequence]) -> dict[int, Optional[int]]:
-        return {}
+    def plan(self, seqs: list[Sequence], tick_tokens: int) -> dict[int, tuple[int, Optional[int]]]:
+        return {seq.seq_id: (tick_tokens, None) for seq in seqs}
 
 
 @dataclasses.dataclass
@@ -280,7 +284,12 @@ class LoadAwareDrafting(DraftPolicy):
     * **acceptance**: a lane whose moving acceptance (accepted / proposed draft
       tokens, halved toward each new tick's rate) is below ``min_acceptance`` does
       not draft, except one probe tick every ``probe_every`` ticks that refreshes
-      its estimate (lanes start at 0.5).
+      its estimate (lanes start at 0.5);
+    * **balanced ticks**: a tick lasts until its slowest lane has its tokens, so a
+      lane whose drafts are accepted would finish early and sit idle. A drafting
+      lane is asked for ``tick_tokens`` times its moving tokens-per-pass instead,
+      so every lane needs about ``tick_tokens`` passes and the batch, not one lane,
+      goes faster.
 
     A draft never changes a token, so the policy changes speed only.
     """
@@ -297,17 +306,19 @@ class LoadAwareDrafting(DraftPolicy):
                 f"(got {self.row_budget}, {self.min_acceptance}, {self.probe_every})",
             )
 
-    def caps(self, seqs: list[Sequence]) -> dict[int, Optional[int]]:
+    def plan(self, seqs: list[Sequence], tick_tokens: int) -> dict[int, tuple[int, Optional[int]]]:
         per_lane = max(0, self.row_budget // max(1, len(seqs)) - 1)
-        out: dict[int, Optional[int]] = {}
+        out: dict[int, tuple[int, Optional[int]]] = {}
         for seq in seqs:
             if not seq.request.speculate:
+                out[seq.seq_id] = (tick_tokens, None)
                 continue
             probing = seq.ticks_since_draft >= self.probe_every
             if per_lane == 0 or (seq.acceptance < self.min_acceptance and not probing):
-                out[seq.seq_id] = 0
+                out[seq.seq_id] = (tick_tokens, 0)
             else:
-                out[seq.seq_id] = per_lane
+                per_pass = min(seq.tokens_per_pass, 1 + per_lane)
+                out[seq.seq_id] = (max(tick_tokens, round(tick_tokens * per_pass)), per_lane)
         return out
 
 
@@ -458,9 +469,10 @@ class Scheduler:
                     budget -= n
             if seq.decoding:
                 decoding.append(seq)
-        caps = self.policy.caps(decoding)
+        asks = self.policy.plan(decoding, self.tick_tokens)
         for seq in decoding:
-            plan.decode(seq.seq_id, self.tick_tokens, max_draft=caps.get(seq.seq_id))
+            n, max_draft = asks.get(seq.seq_id, (self.tick_tokens, None))
+            plan.decode(seq.seq_id, n, max_draft=max_draft)
         return plan
 
     def step(self) -> list[Update]:

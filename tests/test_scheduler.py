@@ -151,16 +151,27 @@ def seqs(n: int, acceptance: float = 0.9, speculate: bool = True) -> list[Sequen
 
 def test_load_aware_drafting_caps_drafts_by_the_batch_and_sheds_low_acceptance():
     p = LoadAwareDrafting(row_budget=24, min_acceptance=0.3, probe_every=4)
-    assert set(p.caps(seqs(1)).values()) == {23}
-    assert set(p.caps(seqs(4)).values()) == {5}
-    assert set(p.caps(seqs(8)).values()) == {2}
-    assert set(p.caps(seqs(12)).values()) == {1}
-    assert set(p.caps(seqs(13)).values()) == {0}  # B >= row_budget / 2: nobody drafts
-    assert p.caps(seqs(3, speculate=False)) == {}  # lanes that do not speculate are left alone
+
+    def caps(batch):
+        return {md for _, md in p.plan(batch, 8).values()}
+
+    assert caps(seqs(1)) == {23}
+    assert caps(seqs(4)) == {5}
+    assert caps(seqs(8)) == {2}
+    assert caps(seqs(12)) == {1}
+    assert caps(seqs(13)) == {0}  # B >= row_budget / 2: nobody drafts
+    assert p.plan(seqs(3, speculate=False), 8) == {0: (8, None), 1: (8, None), 2: (8, None)}  # no drafter: left alone
     low = seqs(2, acceptance=0.1)
-    assert set(p.caps(low).values()) == {0}
+    assert caps(low) == {0}
     low[0].ticks_since_draft = 4  # a probe tick refreshes the estimate
-    assert p.caps(low) == {0: 11, 1: 0}
+    assert p.plan(low, 8) == {0: (8, 11), 1: (8, 0)}
+
+
+def test_load_aware_drafting_asks_lanes_whose_drafts_are_taken_for_more_tokens_per_tick():
+    p = LoadAwareDrafting(row_budget=24)
+    batch = seqs(3)
+    batch[0].tokens_per_pass, batch[1].tokens_per_pass, batch[2].tokens_per_pass = 1.0, 2.5, 40.0
+    assert p.plan(batch, 8) == {0: (8, 7), 1: (20, 7), 2: (64, 7)}  # at most 1 + cap tokens per pass
     with pytest.raises(StatusError, match="LoadAwareDrafting: need row_budget >= 1"):
         LoadAwareDrafting(row_budget=0)
 
