@@ -46,6 +46,8 @@ class Result:
     stop_reason: Optional[str | int] = None
     """The stop string or stop token id that ended the output (``finish == Finish.STOP``)."""
     logprobs: Optional[TokenLogprobs] = None
+    error: Optional[str] = None
+    """Why the request failed (a backend fault), when it did."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -100,7 +102,7 @@ class Generator:
         return [
             Result(
                 s.tokens, s.finish, s.prompt_len, (s.finished_at or 0.0) - (s.admitted_at or 0.0), s.proposed, s.accepted,
-                s.passes, s.drafts, s.text, s.stop_reason, s.logprobs,
+                s.passes, s.drafts, s.text, s.stop_reason, s.logprobs, s.error,
             )
             for s in seqs
         ]

@@ -450,7 +450,9 @@ class Scheduler:
         """The next tick's plan (admissions happen in the scheduler's books at once)."""
         plan = Plan()
         now = self.clock()
-        while self.waiting and len(self.running) < self.caps.max_lanes:
+        # Slots the fault-safe executor quarantined after a failed release hold no lane.
+        room = self.caps.max_lanes - len(getattr(self.executor, "quarantined", ()))
+        while self.waiting and len(self.running) < room:
             seq = self.waiting.popleft()
             r = seq.request
             plan.admit(seq.seq_id, seq.prompt_id, strategy_slot=self._slot(r), sampling=r.sampling, params=r.params,

@@ -230,9 +230,8 @@ class FaultyFake(FakePrimitives):
 def test_a_tick_that_raises_fails_its_requests_with_an_error_and_the_scheduler_goes_on():
     g = Generator(FaultyFake(CFG), tokenizer=TOK)
     res = g.run([Request([1, 2, POISON, 3], params=SamplingParams(max_tokens=8))])
-    assert res[0].finish == FINISH_ERROR
-    seq_error = g.scheduler  # the scheduler holds nothing afterwards
-    assert not seq_error.has_work and g.executor.lanes == []
+    assert res[0].finish == FINISH_ERROR and "injected fault: poisoned row" in res[0].error
+    assert not g.scheduler.has_work and g.executor.lanes == []  # nothing held afterwards
     ok = g.run([Request([1, 2, 3], params=SamplingParams(max_tokens=8))])
     assert ok[0].finish == Finish.LENGTH and len(ok[0].tokens) == 8
 
@@ -243,5 +242,5 @@ def test_with_the_fault_safe_executor_only_the_faulty_request_fails():
     good = Request([1, 2, 3, 1, 2], params=SamplingParams(max_tokens=12))
     (alone,) = Generator(FakePrimitives(CFG)).run([good])
     bad, ok = g.run([Request([7, 8, POISON, 9], params=SamplingParams(max_tokens=12)), good])
-    assert bad.finish == Finish.ERROR
-    assert ok.tokens == alone.tokens and ok.finish == alone.finish
+    assert bad.finish == Finish.ERROR and "poisoned row" in bad.error
+    assert ok.tokens == alone.tokens and ok.finish == alone.finish and ok.error is None
