@@ -27,7 +27,7 @@ FAKE_VOCAB, FAKE_EOS = 257, 256
 
 def add_serve_parsers(sub: Any) -> None:
     """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
-    from sf_trt.scheduler import DRAFTERS
+    from sf_trt.scheduler import DRAFTERS, LoadAwareDrafting
 
     speculate_choices = ("none", *DRAFTERS)
 
@@ -57,11 +57,16 @@ def add_serve_parsers(sub: Any) -> None:
                    help="default most draft tokens per verify pass (per request: \"sf_trt\": {\"max_draft\": N}); default 8")
     s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=8,
                    help="tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default 8)")
-    s.add_argument("--spec-row-budget", type=ranged(int, 1, 4096, what="rows >= 1"), default=24,
+    policy = LoadAwareDrafting()
+    s.add_argument("--spec-row-budget", type=ranged(int, 1, 4096, what="rows >= 1"), default=policy.row_budget,
                    help="load-aware drafting: rows per pass speculation may fill; each of B lanes drafts at most "
-                   "budget // B - 1 tokens (default 24; see docs/serving.md)")
-    s.add_argument("--spec-min-acceptance", type=ranged(float, 0.0, 1.0, what="a rate in [0, 1]"), default=0.3,
-                   help="load-aware drafting: lanes whose drafts are accepted less often stop drafting (default 0.3)")
+                   f"budget // B - 1 tokens (default {policy.row_budget}; docs/serving.md)")
+    s.add_argument("--spec-row-cost", type=ranged(float, 0.0, what="a cost >= 0"), default=policy.row_cost,
+                   help="load-aware drafting: what one more row per lane costs, in passes, at many lanes (B lanes: "
+                   f"cost * B / (B + {policy.row_cost_lanes:g})); the batch drafts while its drafts add more tokens per "
+                   f"pass than their rows cost (default {policy.row_cost}; measure your machine: docs/serving.md)")
+    s.add_argument("--spec-min-acceptance", type=ranged(float, 0.0, 1.0, what="a rate in [0, 1]"), default=policy.min_acceptance,
+                   help=f"load-aware drafting: lanes whose drafts are accepted less often send none (default {policy.min_acceptance})")
     s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
                    help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
     add_model_flags(p)
@@ -127,7 +132,7 @@ def build_server(args):
         config = LoopConfig(
             max_queued=args.max_queued_requests, tick_tokens=args.tick_tokens, prefill_budget=args.prefill_budget,
             draft_config=PromptLookupConfig(max_draft=args.max_draft),
-            policy=LoadAwareDrafting(row_budget=args.spec_row_budget, min_acceptance=args.spec_min_acceptance),
+            policy=LoadAwareDrafting(row_budget=args.spec_row_budget, row_cost=args.spec_row_cost, min_acceptance=args.spec_min_acceptance),
         )
         return EngineLoop(prims, tokenizer=tokenizer, config=config, observer=state.metrics), tokenizer, max_context
 

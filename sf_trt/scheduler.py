@@ -157,8 +157,12 @@ class Sequence:
         self.acceptance = 0.5
         """Moving average of accepted / proposed draft tokens (the drafting policy reads it)."""
         self.tokens_per_pass = 1.0
-        """Moving average of tokens emitted per decode pass in ticks that drafted."""
-        self.ticks_since_draft = 0
+        """Moving average of tokens emitted per decode pass in ticks the lane could draft in."""
+        self.draft_rows_per_pass = 0.0
+        """Moving average of draft tokens sent per decode pass in ticks the lane could draft in."""
+        self.drafted_ticks = 0
+        """Ticks the lane could draft in (the drafter may have found nothing to propose)."""
+        self.may_draft = False  # in the current tick
         self.logprobs_parts: list[TokenLogprobs] = []
         self._decoder = decoder
         self.text: Optional[str] = "" if decoder is not None else None
@@ -229,10 +233,10 @@ class Sequence:
         self.drafts += spec.drafts
         if spec.proposed:
             self.acceptance = 0.5 * self.acceptance + 0.5 * spec.accepted / spec.proposed
-            self.tokens_per_pass = 0.5 * self.tokens_per_pass + 0.5 * len(new) / max(1, emit.passes)
-            self.ticks_since_draft = 0
-        else:
-            self.ticks_since_draft += 1
+        if self.may_draft and emit.passes:
+            self.tokens_per_pass = 0.5 * self.tokens_per_pass + 0.5 * len(new) / emit.passes
+            self.draft_rows_per_pass = 0.5 * self.draft_rows_per_pass + 0.5 * spec.proposed / emit.passes
+            self.drafted_ticks += 1
         keep = self._append(new)
         tokens = new[:keep]
         logprobs = emit.logprobs[:keep] if emit.logprobs is not None else None
@@ -270,55 +274,84 @@ class DraftPolicy:
 
 @dataclasses.dataclass
 class LoadAwareDrafting(DraftPolicy):
-    """Sheds drafting when the batch is large or a lane's drafts are rarely accepted.
+    """Drafts only while it pays: sheds drafting when the batch is large or drafts are
+    rarely taken, so speculation does not make the batch slower than plain decoding.
 
-    On a CPU a verify row costs real compute: a decode pass over ``B`` lanes costs
-    about ``B`` lane-steps plus a share per extra (draft) row, and draft rows pay off
-    only while they are accepted often enough. The policy, per tick, with ``B``
-    decoding lanes:
+    On a CPU a verify row costs real compute, and a pass pads every lane to the
+    longest one's rows, so one lane's draft makes the whole batch's pass dearer.
+    Measured on the decoder (docs/benchmarks.md), one more row per lane costs about
+    0.06 of a pass at 1 lane, 0.33 at 4 and 0.46 at 8: ``row_cost * B / (B +
+    row_cost_lanes)`` with the defaults. The policy, each tick, with ``B`` decoding
+    lanes (``S`` of them speculating):
 
-    * **row budget**: a speculating lane may send at most ``row_budget // B - 1``
-      draft tokens per pass (so a pass stays near ``row_budget`` rows); once
-      ``B >= row_budget / 2`` no lane drafts (TensorRT-LLM likewise turns n-gram
-      drafting off above a concurrency);
-    * **acceptance**: a lane whose moving acceptance (accepted / proposed draft
-      tokens, halved toward each new tick's rate) is below ``min_acceptance`` does
-      not draft, except one probe tick every ``probe_every`` ticks that refreshes
-      its estimate (lanes start at 0.5);
+    * **row budget**: a lane drafts at most ``k = row_budget // B - 1`` tokens per
+      pass; from ``B >= row_budget / 2`` on, ``k = 0`` and nobody drafts
+      (TensorRT-LLM turns n-gram drafting off above a concurrency, too);
+    * **gain against cost**: the batch drafts this tick only if the tokens drafts
+      added per pass, as a share of the batch (the sum over ``S`` of each lane's
+      moving tokens-per-pass minus one, over ``B``), reach what the padding costs
+      (the row cost at ``B`` times the most draft tokens a lane of ``S`` sent per
+      pass);
+    * **acceptance**: in a drafting tick, a lane whose moving acceptance (accepted /
+      proposed draft tokens) is below ``min_acceptance`` sends no draft;
+    * **probes**: one tick in ``probe_every`` (the first one included) drafts
+      anyway, so the estimates stay current;
     * **balanced ticks**: a tick lasts until its slowest lane has its tokens, so a
-      lane whose drafts are accepted would finish early and sit idle. A drafting
-      lane is asked for ``tick_tokens`` times its moving tokens-per-pass instead,
-      so every lane needs about ``tick_tokens`` passes and the batch, not one lane,
-      goes faster.
+      lane whose drafts are taken would finish early and sit idle; a drafting lane
+      is asked for ``tick_tokens`` times its tokens-per-pass instead, so every lane
+      needs about ``tick_tokens`` passes and the batch, not one lane, goes faster.
 
-    A draft never changes a token, so the policy changes speed only.
+    Moving averages halve toward each tick's value. A draft never changes a token,
+    so the policy changes speed only.
     """
 
-    row_budget: int = 24
+    row_budget: int = 16
+    row_cost: float = 0.6
+    row_cost_lanes: float = 4.0
     min_acceptance: float = 0.3
-    probe_every: int = 8
+    probe_every: int = 16
+    ticks: int = dataclasses.field(default=0, init=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.row_budget < 1 or not 0.0 <= self.min_acceptance <= 1.0 or self.probe_every < 1:
+        if (self.row_budget < 1 or self.row_cost < 0 or self.row_cost_lanes < 0
+                or not 0.0 <= self.min_acceptance <= 1.0 or self.probe_every < 1):
             raise StatusError(
                 Status.BAD_ARGUMENT,
-                f"LoadAwareDrafting: need row_budget >= 1, min_acceptance in [0, 1], probe_every >= 1 "
-                f"(got {self.row_budget}, {self.min_acceptance}, {self.probe_every})",
+                "LoadAwareDrafting: need row_budget >= 1, row_cost >= 0, row_cost_lanes >= 0, min_acceptance in [0, 1], "
+                f"probe_every >= 1 (got {self.row_budget}, {self.row_cost}, {self.row_cost_lanes}, {self.min_acceptance}, "
+                f"{self.probe_every})",
             )
 
+    def row_cost_at(self, lanes: int) -> float:
+        """One more row per lane, in passes, at ``lanes`` decoding lanes."""
+        return self.row_cost * lanes / (lanes + self.row_cost_lanes)
+
+    def drafts_now(self, seqs: list[Sequence]) -> int:
+        """This tick's draft cap for the lanes that speculate (0: no drafting)."""
+        b = len(seqs)
+        k = max(0, self.row_budget // max(1, b) - 1)
+        spec = [s for s in seqs if s.request.speculate]
+        if k == 0 or not spec:
+            return 0
+        if self.ticks % self.probe_every == 1 or self.probe_every == 1:
+            return k
+        gain = sum(s.tokens_per_pass - 1.0 for s in spec) / b
+        cost = self.row_cost_at(b) * max(s.draft_rows_per_pass for s in spec)
+        return k if gain >= cost and gain > 0 else 0
+
     def plan(self, seqs: list[Sequence], tick_tokens: int) -> dict[int, tuple[int, Optional[int]]]:
-        per_lane = max(0, self.row_budget // max(1, len(seqs)) - 1)
+        self.ticks += 1
+        k = self.drafts_now(seqs)
+        probing = self.ticks % self.probe_every == 1 or self.probe_every == 1
         out: dict[int, tuple[int, Optional[int]]] = {}
         for seq in seqs:
             if not seq.request.speculate:
                 out[seq.seq_id] = (tick_tokens, None)
-                continue
-            probing = seq.ticks_since_draft >= self.probe_every
-            if per_lane == 0 or (seq.acceptance < self.min_acceptance and not probing):
+            elif k == 0 or (seq.acceptance < self.min_acceptance and not probing):
                 out[seq.seq_id] = (tick_tokens, 0)
             else:
-                per_pass = min(seq.tokens_per_pass, 1 + per_lane)
-                out[seq.seq_id] = (max(tick_tokens, round(tick_tokens * per_pass)), per_lane)
+                per_pass = min(seq.tokens_per_pass, 1 + k)
+                out[seq.seq_id] = (max(tick_tokens, round(tick_tokens * per_pass)), k)
         return out
 
 
@@ -474,6 +507,7 @@ class Scheduler:
         asks = self.policy.plan(decoding, self.tick_tokens)
         for seq in decoding:
             n, max_draft = asks.get(seq.seq_id, (self.tick_tokens, None))
+            seq.may_draft = seq.request.speculate and max_draft != 0
             plan.decode(seq.seq_id, n, max_draft=max_draft)
         return plan
 
@@ -493,20 +527,11 @@ class Scheduler:
             events = self.executor.tick(plan)
         except Exception as exc:  # noqa: BLE001 - reported to the requests, and re-raised by the loop if release fails
             error = f"tick failed: {type(exc).__name__}: {exc}"
-            return [u for u in (self._fail(lane, error) for lane in in_plan) if u is not None]
+            return [u for u in (self.abort(lane, error) for lane in in_plan) if u is not None]
         for seq in self.running.values():
             if seq.admitted_at is not None:
                 self._drop_prompt(seq)  # the lane holds its own copy once admitted
         return self._apply(events)
-
-    def _fail(self, lane: int, error: str) -> Optional[Update]:
-        seq = self.running.pop(lane, None)
-        if seq is None:
-            return None
-        self._drop_prompt(seq)
-        if lane in self.executor.lanes:
-            self.executor.tick(Plan().release(lane))
-        return seq.end(FINISH_ERROR, self.clock(), error)
 
     def _apply(self, events: Events) -> list[Update]:
         now = self.clock()

@@ -11,7 +11,6 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 import httpx
-import numpy as np
 
 from sf_trt.engine_loop import EngineLoop, LoopConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
@@ -19,31 +18,10 @@ from sf_trt.serve.app import ServerState, create_app
 from sf_trt.serve.metrics import ServerMetrics
 from sf_trt.tokenizer import ByteTokenizer
 
+from fakes import POISON, FaultyFake, SlowFake  # noqa: F401 - re-exported for the serve tests
+
 FAKE = FakeConfig(vocab=257, eos=256, copy_model=True, copy_miss_every=6, verify_rows=True, max_lanes=8, max_context=1024, top_k_limit=64)
 TOK = ByteTokenizer(257, 256)
-POISON = 250
-"""A byte whose presence in a pass makes :class:`FaultyFake` raise."""
-
-
-class SlowFake(FakePrimitives):
-    """The fake with a pause in every forward pass, so requests overlap for long enough."""
-
-    pause_s = 0.003
-
-    def _forward_impl(self, rows):
-        time.sleep(self.pause_s)
-        return super()._forward_impl(rows)
-
-
-class FaultyFake(FakePrimitives):
-    """A forward pass holding the byte POISON raises (a backend fault)."""
-
-    def _forward_impl(self, rows):
-        if (np.asarray(rows.tokens) == POISON).any():
-            raise RuntimeError("injected fault: poisoned row")
-        return super()._forward_impl(rows)
-
-
 @dataclasses.dataclass
 class Live:
     url: str

@@ -7,7 +7,6 @@ import asyncio
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from sf_trt.abi import Finish, Sampling, SamplingParams, Status, StatusError
@@ -17,34 +16,10 @@ from sf_trt.generate import Generator
 from sf_trt.scheduler import FINISH_ERROR, LoadAwareDrafting, Request
 from sf_trt.tokenizer import ByteTokenizer
 
+from fakes import POISON, FaultyFake, SlowFake
+
 CFG = FakeConfig(vocab=257, eos=256, copy_model=True, copy_miss_every=4, verify_rows=True, max_lanes=4, max_context=512, top_k_limit=16)
 TOK = ByteTokenizer(257, 256)
-
-
-class SlowFake(FakePrimitives):
-    """The fake with a pause in every forward pass, so requests overlap for long enough."""
-
-    pause_s = 0.004
-
-    def _forward_impl(self, rows):
-        time.sleep(self.pause_s)
-        return super()._forward_impl(rows)
-
-
-class FaultyFake(FakePrimitives):
-    """A forward pass holding token 250 raises; with ``broken`` set, every call does."""
-
-    broken = False
-
-    def _forward_impl(self, rows):
-        if self.broken or (np.asarray(rows.tokens) == 250).any():
-            raise RuntimeError("injected fault")
-        return super()._forward_impl(rows)
-
-    def _release_impl(self, lane):
-        if self.broken:
-            raise RuntimeError("injected fault in release")
-        super()._release_impl(lane)
 
 
 def requests(n: int) -> list[Request]:
@@ -180,7 +155,7 @@ def test_drain_ends_queued_requests_at_once_and_running_ones_at_the_deadline():
 def test_a_failed_tick_ends_its_requests_with_an_error_and_the_loop_goes_on():
     prims = FaultyFake(CFG)
     with EngineLoop(prims, tokenizer=TOK) as loop:
-        _, _, bad = collect(loop.submit(Request([1, 2, 250, 3], params=SamplingParams(max_tokens=8))))
+        _, _, bad = collect(loop.submit(Request([1, 2, POISON, 3], params=SamplingParams(max_tokens=8))))
         assert bad.finish == FINISH_ERROR and "injected fault" in bad.error
         tokens, _, ok = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
         assert ok.finish == Finish.LENGTH and len(tokens) == 8

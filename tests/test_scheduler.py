@@ -16,6 +16,8 @@ from sf_trt.generate import Generator
 from sf_trt.scheduler import FINISH_ERROR, LoadAwareDrafting, Request, Sequence, choice_key
 from sf_trt.tokenizer import ByteTokenizer
 
+from fakes import POISON, FaultyFake
+
 # Bytes as tokens; a small alphabet in the prompts makes the copy model repeat (drafts accepted).
 CFG = FakeConfig(vocab=257, eos=256, copy_model=True, copy_miss_every=5, verify_rows=True, max_lanes=4, max_context=256, top_k_limit=16)
 TOK = ByteTokenizer(257, 256)
@@ -149,31 +151,54 @@ def seqs(n: int, acceptance: float = 0.9, speculate: bool = True) -> list[Sequen
     return out
 
 
-def test_load_aware_drafting_caps_drafts_by_the_batch_and_sheds_low_acceptance():
-    p = LoadAwareDrafting(row_budget=24, min_acceptance=0.3, probe_every=4)
+def seqs_with(n: int, per_pass: float, acceptance: float = 0.9, drafted: int = 3, draft_rows: float = 3.0) -> list[Sequence]:
+    out = seqs(n, acceptance)
+    for s in out:
+        s.tokens_per_pass, s.drafted_ticks, s.draft_rows_per_pass = per_pass, drafted, draft_rows
+    return out
 
-    def caps(batch):
+
+def test_load_aware_drafting_caps_drafts_by_the_batch():
+    p = LoadAwareDrafting(row_budget=16, row_cost=0.0, probe_every=1000)
+    for n, k in ((1, 15), (2, 7), (4, 3), (8, 1), (9, 0), (16, 0)):
+        p.ticks = 5
+        assert {md for _, md in p.plan(seqs_with(n, 3.0), 8).values()} == {k}, n
+    assert p.plan(seqs(3, speculate=False), 8) == {0: (8, None), 1: (8, None), 2: (8, None)}  # no drafter: left alone
+
+
+def test_load_aware_drafting_drafts_only_while_the_gain_pays_for_the_padding():
+    p = LoadAwareDrafting(row_budget=16, row_cost=0.6, row_cost_lanes=4.0, probe_every=16)
+    assert p.row_cost_at(1) == pytest.approx(0.12) and p.row_cost_at(4) == pytest.approx(0.3) and p.row_cost_at(8) == pytest.approx(0.4)
+
+    def cap(batch, tick=5):
+        p.ticks = tick
         return {md for _, md in p.plan(batch, 8).values()}
 
-    assert caps(seqs(1)) == {23}
-    assert caps(seqs(4)) == {5}
-    assert caps(seqs(8)) == {2}
-    assert caps(seqs(12)) == {1}
-    assert caps(seqs(13)) == {0}  # B >= row_budget / 2: nobody drafts
-    assert p.plan(seqs(3, speculate=False), 8) == {0: (8, None), 1: (8, None), 2: (8, None)}  # no drafter: left alone
-    low = seqs(2, acceptance=0.1)
-    assert caps(low) == {0}
-    low[0].ticks_since_draft = 4  # a probe tick refreshes the estimate
-    assert p.plan(low, 8) == {0: (8, 11), 1: (8, 0)}
+    # one lane: 3 draft rows per pass cost 0.36 passes; 0.5 more tokens per pass pay, 0.3 do not
+    assert cap(seqs_with(1, 1.5)) == {15} and cap(seqs_with(1, 1.3)) == {0}
+    # four lanes: 3 rows cost 0.9; only lanes that double their tokens per pass make it pay
+    assert cap(seqs_with(4, 1.5)) == {0} and cap(seqs_with(4, 2.0)) == {3}
+    # lanes that do not speculate dilute the gain but pay the padding
+    mixed = seqs_with(4, 2.0)
+    mixed[2].request = mixed[3].request = Request([1], speculate=False)
+    assert cap(mixed) == {0, None}
+    # the first tick and one in probe_every draft anyway
+    assert cap(seqs_with(4, 1.0), tick=0) == {3} and cap(seqs_with(4, 1.0), tick=16) == {3}
+    # in a drafting tick, a lane whose drafts are rarely taken sends none (but on a probe)
+    low = seqs_with(1, 3.0) + seqs_with(1, 3.0, acceptance=0.1)
+    low[1].seq_id = 1
+    p.ticks = 5
+    assert p.plan(low, 8) == {0: (24, 7), 1: (8, 0)}
+    with pytest.raises(StatusError, match="LoadAwareDrafting: need row_budget >= 1"):
+        LoadAwareDrafting(row_budget=0)
 
 
 def test_load_aware_drafting_asks_lanes_whose_drafts_are_taken_for_more_tokens_per_tick():
-    p = LoadAwareDrafting(row_budget=24)
-    batch = seqs(3)
-    batch[0].tokens_per_pass, batch[1].tokens_per_pass, batch[2].tokens_per_pass = 1.0, 2.5, 40.0
-    assert p.plan(batch, 8) == {0: (8, 7), 1: (20, 7), 2: (64, 7)}  # at most 1 + cap tokens per pass
-    with pytest.raises(StatusError, match="LoadAwareDrafting: need row_budget >= 1"):
-        LoadAwareDrafting(row_budget=0)
+    p = LoadAwareDrafting(row_budget=24, row_cost=0.0, probe_every=1000)
+    batch = seqs_with(3, 1.0)
+    batch[0].tokens_per_pass = 1.2
+    batch[1].tokens_per_pass, batch[2].tokens_per_pass = 2.5, 40.0
+    assert p.plan(batch, 8) == {0: (10, 7), 1: (20, 7), 2: (64, 7)}  # at most 1 + k tokens per pass
 
 
 def test_load_aware_drafting_changes_no_token_and_sheds_drafts_in_a_full_batch():
@@ -214,18 +239,6 @@ def test_choices_of_one_seed_are_independent_streams():
 
 
 # -- faults ----------------------------------------------------------------------------------------
-
-POISON = 250
-
-
-class FaultyFake(FakePrimitives):
-    """The fake, but a forward pass holding token POISON raises (a backend fault)."""
-
-    def _forward_impl(self, rows):
-        if (np.asarray(rows.tokens) == POISON).any():
-            raise RuntimeError("injected fault: poisoned row")
-        return super()._forward_impl(rows)
-
 
 def test_a_tick_that_raises_fails_its_requests_with_an_error_and_the_scheduler_goes_on():
     g = Generator(FaultyFake(CFG), tokenizer=TOK)

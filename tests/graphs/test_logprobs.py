@@ -47,3 +47,21 @@ def test_a_rows_logprobs_depend_on_nothing_but_the_row():
         got = runner.run(logits, tokens)
         for a, b in zip(alone, got):
             np.testing.assert_array_equal(a[0], b[at])
+
+
+def test_the_graph_checks_and_uses_only_the_ops_in_its_ops_md_section():
+    import re
+    from pathlib import Path
+
+    import onnx
+
+    from sf_trt.graphs.logprobs import build_logprobs_graph
+
+    text = (Path(__file__).resolve().parents[2] / "export" / "OPS.md").read_text()
+    listed = set(re.findall(r"^\| `([A-Za-z]+)` \|", text.split("\n## logprobs", 1)[1].split("\n## ", 1)[0], flags=re.M))
+    for vocab in (37, 64):
+        model = build_logprobs_graph(vocab)
+        onnx.checker.check_model(model, full_check=True)
+        used = {n.op_type for n in model.graph.node}
+        assert used <= listed, sorted(used - listed)
+    assert {"LogSoftmax", "TopK", "GatherElements"} <= used
