@@ -279,9 +279,9 @@ class LoadAwareDrafting(DraftPolicy):
 
     On a CPU a verify row costs real compute, and a pass pads every lane to the
     longest one's rows, so one lane's draft makes the whole batch's pass dearer.
-    Measured on the decoder (docs/benchmarks.md), one more row per lane costs about
-    0.06 of a pass at 1 lane, 0.33 at 4 and 0.46 at 8: ``row_cost * B / (B +
-    row_cost_lanes)`` with the defaults. The policy, each tick, with ``B`` decoding
+    Measured on the decoder (docs/benchmarks.md, ``tools/bench_rows.py``), one more
+    row per lane costs about 0.06-0.23 of a pass at 1 lane, 0.17-0.29 at 4 and 0.5 at
+    8: modelled as ``row_cost * B / (B + row_cost_lanes)`` passes. The policy, each tick, with ``B`` decoding
     lanes (``S`` of them speculating):
 
     * **row budget**: a lane drafts at most ``k = row_budget // B - 1`` tokens per
@@ -305,7 +305,7 @@ class LoadAwareDrafting(DraftPolicy):
     so the policy changes speed only.
     """
 
-    row_budget: int = 16
+    row_budget: int = 8
     row_cost: float = 0.6
     row_cost_lanes: float = 4.0
     min_acceptance: float = 0.3

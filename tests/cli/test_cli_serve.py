@@ -25,10 +25,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(*flags: str) -> tuple[subprocess.Popen, str]:
+def serve(*flags: str, fake: bool = True, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
+    """``sf-trt serve`` as a process on a free port (the fake backend unless ``fake=False``), once healthy."""
     port = free_port()
+    backend = ["--backend", "fake"] if fake else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sf_trt.cli", "serve", "--backend", "fake", "--port", str(port), "--log-level", "warning", *flags],
+        [sys.executable, "-m", "sf_trt.cli", "serve", *backend, "--port", str(port), "--log-level", "warning", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     url = f"http://127.0.0.1:{port}"
@@ -40,7 +42,7 @@ def serve(*flags: str) -> tuple[subprocess.Popen, str]:
         except httpx.TransportError:
             return False
 
-    wait_for(up, 60)
+    wait_for(up, timeout_s)
     return proc, url
 
 
@@ -102,3 +104,27 @@ def test_serve_answers_and_refuses_bad_flags():
         assert proc.wait(30) == 0
     bad = subprocess.run([sys.executable, "-m", "sf_trt.cli", "serve", "--max-num-seqs", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected lanes in 1..256, got 0" in bad.stderr
+
+
+@pytest.mark.slow
+def test_serve_with_no_model_flags_serves_the_default_model(real_int8_model_dir):
+    """`sf-trt serve` on the embedded default model: /health turns 200 once it has loaded,
+    the openai client gets an answer, and the seeded answer is the same with
+    speculation on and off."""
+    import openai
+
+    proc, url = serve("--max-context", "512", fake=False, timeout_s=300)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        (model,) = client.models.list().data
+        assert model.id == "SmolLM2-135M-Instruct.Q4_1"
+        answers = [
+            client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Name three colours."}],
+                                           max_tokens=24, seed=3, temperature=0.7, extra_body={"sf_trt": {"speculate": s}})
+            for s in ("none", "prompt-lookup")
+        ]
+        assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+        assert answers[0].usage.completion_tokens > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
