@@ -239,6 +239,8 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
     """Create directory ``path`` if needed and check a file can be made in it;
     :class:`NotWritable` naming ``what`` it is for and the reason."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotWritable(f"{path}: is a file, not a directory; cannot write the {what} there")
     probe = temp_path(path / "probe", "probe")
     try:
         path.mkdir(parents=True, exist_ok=True)
