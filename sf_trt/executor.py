@@ -97,11 +97,10 @@ class ExecutorConfig:
     max_prefill_rows: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.ring_capacity) or (self.max_prefill_rows is not None and not _is_int(self.max_prefill_rows)):
-            raise StatusError(
-                Status.BAD_ARGUMENT,
-                f"ExecutorConfig: ring_capacity and max_prefill_rows must be ints (got {self.ring_capacity!r}, {self.max_prefill_rows!r})",
-            )
+        for name in ("ring_capacity", "max_prefill_rows"):
+            value = getattr(self, name)
+            if not _is_int(value) and not (name == "max_prefill_rows" and value is None):
+                raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: {name} must be an int (got {value!r})")
         if self.ring_capacity < 1:
             raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: ring_capacity must be >= 1 (got {self.ring_capacity})")
         if self.max_prefill_rows is not None and self.max_prefill_rows < 1:
@@ -208,6 +207,10 @@ class Executor:
         arr = np.asarray(tokens)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise StatusError(Status.BAD_ARGUMENT, f"prompt: tokens must be a 1-D sequence of ints (got dtype {arr.dtype}, shape {arr.shape})")
+        if not isinstance(tokens, np.ndarray):  # numpy reads [1, True] as ints
+            flag = next((i for i, t in enumerate(tokens) if isinstance(t, (bool, np.bool_))), None)
+            if flag is not None:
+                raise StatusError(Status.BAD_ARGUMENT, f"prompt: the token at index {flag} is a bool, not a token id")
         if arr.size == 0:
             raise StatusError(Status.EMPTY_PROMPT, "prompt: no tokens (a lane needs at least one)")
         bad = np.flatnonzero((arr < 0) | (arr >= self.caps.vocab))
