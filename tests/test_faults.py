@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +267,11 @@ def test_fault_descriptions_are_checked():
         Fault("prefill", 1, "nan")
     with pytest.raises(StatusError, match="call counts from 1"):
         Fault("decode", 0)
+
+
+def test_docs_errors_lists_the_ops_these_tests_fail():
+    """The faults table of docs/errors.md names exactly the ops the executor reports."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
+    section = text.split("## Backend faults", 1)[1].split("\n## ", 1)[0]
+    ops = {m.group(1) for m in re.finditer(r"^\| `([a-z_ ]+)`", section, re.M)}
+    assert ops == {"prefill forward", "decode forward", "verify_sample", "truncate", "release"}

@@ -3,20 +3,28 @@
 One case per refusal: the Status, a message that names the op, and the other
 lanes untouched (a lane running beside the refused tick continues exactly as it
 would have without it). The harness also checks that the refused tick changed
-nothing at all.
+nothing at all. Every case is a row of docs/errors.md, which the last tests read:
+the table gives each refusal's Status and exact message, and cannot drift.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from sf_trt.abi import TEMPERATURE_MIN, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from sf_trt.drafting import PromptLookupConfig
+from sf_trt.engine import TokenRef
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
-from sf_trt.primitives import Rows
+from sf_trt.faults import Fault
+from sf_trt.generate import Generator, Request
+from sf_trt.primitives import Rows, SampleRows
 from sf_trt.testing import Harness, register_prompt_lookup_with
 
 from lanes import DIGEST, ID
@@ -67,6 +75,16 @@ CASES = {
         lambda h, p, s: h.plan().admit(1, p).prefill(1, 0, 3).decode(1, 2).decode(BYSTANDER, 3).decode(9, 1),
         Status.UNKNOWN_LANE, "decode(lane=9)",
     ),
+    "lane id a bool": (lambda h, p, s: h.plan().admit(True, p), Status.BAD_ARGUMENT, "admit(lane=True)"),
+    "prompt id a bool": (lambda h, p, s: h.plan().admit(1, True), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "prompt id a float": (lambda h, p, s: h.plan().admit(1, float(p)), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "strategy slot a bool": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=True), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "strategy slot a float": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=float(s)), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "sampling mode a bool": (lambda h, p, s: h.plan().admit(1, p, sampling=True), Status.BAD_SAMPLING_MODE, "admit(lane=1)"),
+    "rng counter base a float": (lambda h, p, s: h.plan().admit(1, p, rng_counter_base=3.0), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),
+    "rng counter base a bool": (lambda h, p, s: h.plan().admit(1, p, rng_counter_base=True), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),
+    "prefill bounds as bools": (lambda h, p, s: h.plan().admit(1, p).prefill(1, False, True), Status.PREFILL_OUT_OF_RANGE, "prefill(lane=1"),
+    "decode count a bool": (lambda h, p, s: h.plan().decode(BYSTANDER, True), Status.DECODE_OUT_OF_RANGE, "decode(lane=7"),
 }
 
 
@@ -92,12 +110,20 @@ def test_every_refusal_has_its_own_status():
     assert len(set(statuses)) >= 13
 
 
-@pytest.mark.parametrize(
-    "tokens, status",
-    [([], Status.EMPTY_PROMPT), ([1, 64, 2], Status.TOKEN_OUT_OF_VOCAB), ([1, -1], Status.TOKEN_OUT_OF_VOCAB),
-     (list(range(32)), Status.PROMPT_TOO_LONG), ([1.5, 2.0], Status.BAD_ARGUMENT)],
-)
-def test_bad_prompts_are_refused_at_registration(tokens, status):
+PROMPTS = {
+    "empty prompt": ([], Status.EMPTY_PROMPT),
+    "token past the vocabulary": ([1, 64, 2], Status.TOKEN_OUT_OF_VOCAB),
+    "negative token": ([1, -1], Status.TOKEN_OUT_OF_VOCAB),
+    "prompt filling the context": (list(range(32)), Status.PROMPT_TOO_LONG),
+    "float tokens": ([1.5, 2.0], Status.BAD_ARGUMENT),
+    "a bool among the tokens": ([1, True, 2], Status.BAD_ARGUMENT),
+    "tokens not a 1-D sequence": ([[1, 2]], Status.BAD_ARGUMENT),
+}
+
+
+@pytest.mark.parametrize("case", list(PROMPTS))
+def test_bad_prompts_are_refused_at_registration(case):
+    tokens, status = PROMPTS[case]
     h, _, _ = setup()
     before = h.engine.snapshot()
     with pytest.raises(StatusError) as err:
@@ -107,28 +133,87 @@ def test_bad_prompts_are_refused_at_registration(tokens, status):
     assert h.engine.snapshot() == before
 
 
-@pytest.mark.parametrize(
-    "kwargs, field",
-    [(dict(temperature=math.nan), "temperature"), (dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"),
-     (dict(top_p=1.5), "top_p"), (dict(top_p=math.nan), "top_p"), (dict(top_k=-1), "top_k"),
-     (dict(max_tokens=-1), "max_tokens"), (dict(top_k=1.5), "top_k"), (dict(flags=8), "flags")],
-)
-def test_sampling_params_refuse_bad_values(kwargs, field):
+SAMPLING = {
+    "temperature NaN": (dict(temperature=math.nan), "temperature"),
+    "temperature infinite": (dict(temperature=math.inf), "temperature"),
+    "temperature negative": (dict(temperature=-0.1), "temperature"),
+    "temperature below the floor": (dict(temperature=1e-40), "temperature"),
+    "temperature just below the floor": (dict(temperature=TEMPERATURE_MIN / 2), "temperature"),
+    "temperature past float32": (dict(temperature=1e39), "temperature"),
+    "temperature a string": (dict(temperature="1"), "temperature"),
+    "top_p 0": (dict(top_p=0.0), "top_p"),
+    "top_p above 1": (dict(top_p=1.5), "top_p"),
+    "top_p NaN": (dict(top_p=math.nan), "top_p"),
+    "top_k negative": (dict(top_k=-1), "top_k"),
+    "top_k a float": (dict(top_k=1.5), "top_k"),
+    "max_tokens negative": (dict(max_tokens=-1), "max_tokens"),
+    "max_tokens a bool": (dict(max_tokens=True), "max_tokens"),
+    "unknown flags": (dict(flags=8), "flags"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLING))
+def test_sampling_params_refuse_bad_values(case):
+    kwargs, field = SAMPLING[case]
     with pytest.raises(StatusError) as err:
         SamplingParams(**kwargs)
     assert err.value.status == Status.BAD_SAMPLING_PARAMS
     assert "SamplingParams" in str(err.value) and field in str(err.value)
 
 
-def test_registration_refusals_say_why():
-    h, _, _ = setup()
-    with pytest.raises(StatusError, match=r"register_strategy\(prompt_lookup\): kernel capability 0x2"):
-        register_prompt_lookup_with(h, ID, DIGEST, 2)
-    with pytest.raises(StatusError, match="strategy_id must be 32 bytes"):
-        register_prompt_lookup_with(h, b"short", DIGEST, 0)
-    no_rows = Harness.with_engine(Executor(FakePrimitives(FakeConfig(copy_model=True)), ExecutorConfig()))
-    with pytest.raises(StatusError, match="verify_rows=False"):
-        register_prompt_lookup_with(no_rows, ID, DIGEST, 0)
+def test_the_temperature_floor_itself_is_sampled_at():
+    h, p, _ = setup()
+    params = SamplingParams(temperature=TEMPERATURE_MIN, flags=SamplingFlag.IGNORE_EOS)
+    e = h.tick_ok(h.plan().admit(1, p, sampling=Sampling.GPU_GUMBEL, params=params).prefill(1, 0, 3).decode(1, 5)).emit_for(1)
+    greedy = h.tick_ok(h.plan().admit(2, p, params=params).prefill(2, 0, 3).decode(2, 5)).emit_for(2)
+    assert h.rings_tokens(e.token_ref) == h.rings_tokens(greedy.token_ref), "at the floor, sampling is sharp"
+
+
+def no_verify_rows():
+    return Harness.with_engine(Executor(FakePrimitives(FakeConfig(copy_model=True)), ExecutorConfig()))
+
+
+def run_request(cfg: FakeConfig = CFG, **kwargs):
+    return Generator(FakePrimitives(cfg)).run([Request([1, 2, 3], **kwargs)])
+
+
+OTHERS = {
+    "kernel capability not offered": lambda: register_prompt_lookup_with(setup()[0], ID, DIGEST, 2),
+    "strategy id of the wrong size": lambda: register_prompt_lookup_with(setup()[0], b"short", DIGEST, 0),
+    "speculation without verify rows": lambda: register_prompt_lookup_with(no_verify_rows(), ID, DIGEST, 0),
+    "speculation without partial rollback": lambda: register_prompt_lookup_with(
+        Harness.with_engine(Executor(FakePrimitives(dataclasses.replace(CFG, truncate_partial=False)))), ID, DIGEST, 0
+    ),
+    "unknown strategy kind": lambda: setup()[0].engine.register_strategy("medusa", ID, DIGEST),
+    "ring capacity 0": lambda: ExecutorConfig(ring_capacity=0),
+    "ring capacity a float": lambda: ExecutorConfig(ring_capacity=64.0),
+    "prefill rows 0": lambda: ExecutorConfig(max_prefill_rows=0),
+    "fake vocabulary too small": lambda: FakePrimitives(FakeConfig(vocab=2, eos=1)),
+    "fake favour logit NaN": lambda: FakePrimitives(FakeConfig(favour_logit=math.nan)),
+    "read tokens of no ring": lambda: setup()[0].engine.read_tokens(TokenRef(99, 0, 1)),
+    "read tokens past what was written": lambda: setup()[0].engine.read_tokens(TokenRef(0, 0, 1000)),
+    "drop an unknown prompt": lambda: setup()[0].engine.drop_prompt(999),
+    "drop prompt id a bool": lambda: setup()[0].engine.drop_prompt(True),
+    "tokens of an unknown lane": lambda: setup()[0].engine.lane_tokens(3),
+    "generator tick tokens 0": lambda: Generator(FakePrimitives(CFG), tick_tokens=0),
+    "generator speculation the backend cannot verify": lambda: run_request(FakeConfig(copy_model=True)),
+    "generator request top_k past the limit": lambda: run_request(sampling=Sampling.GPU_GUMBEL, params=SamplingParams(top_k=17)),
+    "strategy config of the wrong type": lambda: setup()[0].engine.register_strategy("prompt_lookup", ID, DIGEST, 0, {"max_draft": 4}),
+    "draft n-gram sizes out of order": lambda: PromptLookupConfig(ngram_min=3, ngram_max=2),
+    "draft length 0": lambda: PromptLookupConfig(max_draft=0),
+    "truncate to a prefix without partial rollback": lambda: partial_rollback_refused(),
+    "logits at every row without verify rows": lambda: FakePrimitives(dataclasses.replace(CFG, verify_rows=False)).forward(
+        rows([0, 0], [0, 1], [1, 2], [0, 1])
+    ),
+    "fault at an unknown op": lambda: Fault("forward", 1),
+    "fault poisoning logits a call does not return": lambda: Fault("prefill", 1, "nan"),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHERS))
+def test_other_refusals_raise_a_status_error(case):
+    with pytest.raises(StatusError):
+        OTHERS[case]()
 
 
 # -- the primitives' seam ------------------------------------------------------------
@@ -139,20 +224,38 @@ def rows(lanes, positions, tokens, logit_rows=()):
     return Rows(a(lanes), a(positions), a(tokens), a(logit_rows))
 
 
-@pytest.mark.parametrize(
-    "call, status, words",
-    [
-        (lambda f: f.forward(rows([0], [1], [5])), Status.BAD_ARGUMENT, "expected 0"),
-        (lambda f: f.forward(rows([0], [0], [64])), Status.TOKEN_OUT_OF_VOCAB, "outside 0..63"),
-        (lambda f: f.forward(rows([5], [0], [1])), Status.BAD_ARGUMENT, "slot outside"),
-        (lambda f: f.forward(rows([0], [32], [1])), Status.CAPACITY_EXHAUSTED, "position outside"),
-        (lambda f: f.forward(rows([0, 0], [0, 1], [1])), Status.BAD_ARGUMENT, "differ in length"),
-        (lambda f: f.forward(rows([0], [0], [1], [1])), Status.BAD_ARGUMENT, "logit_rows"),
-        (lambda f: f.forward(Rows(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(0))), Status.BAD_ARGUMENT, "integer"),
-        (lambda f: f.truncate(0, 3), Status.BAD_ARGUMENT, "outside 0..0"),
-    ],
-)
-def test_the_primitives_check_every_call_once(call, status, words):
+def sample_rows(**one_row) -> SampleRows:
+    """One row of sampling inputs: greedy, no draft, fields overridden by ``one_row``."""
+    row = {**dict(mode=0, temperature=1.0, top_p=1.0, top_k=0, rng_key=0, position=1, draft=-1), **one_row}
+    return SampleRows(**{k: np.asarray([v], np.float32 if k in ("temperature", "top_p") else np.int64) for k, v in row.items()})
+
+
+SEAM = {
+    "forward row not at the state length": (lambda f: f.forward(rows([0], [1], [5])), Status.BAD_ARGUMENT, "expected 0"),
+    "forward token past the vocabulary": (lambda f: f.forward(rows([0], [0], [64])), Status.TOKEN_OUT_OF_VOCAB, "outside 0..63"),
+    "forward slot past max_lanes": (lambda f: f.forward(rows([5], [0], [1])), Status.BAD_ARGUMENT, "slot outside"),
+    "forward position past the context": (lambda f: f.forward(rows([0], [32], [1])), Status.CAPACITY_EXHAUSTED, "position outside"),
+    "forward arrays of different lengths": (lambda f: f.forward(rows([0, 0], [0, 1], [1])), Status.BAD_ARGUMENT, "differ in length"),
+    "forward logit row past the rows": (lambda f: f.forward(rows([0], [0], [1], [1])), Status.BAD_ARGUMENT, "logit_rows"),
+    "forward float arrays": (
+        lambda f: f.forward(Rows(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(0))), Status.BAD_ARGUMENT, "integer",
+    ),
+    "truncate past the state": (lambda f: f.truncate(0, 3), Status.BAD_ARGUMENT, "outside 0..0"),
+    "verify_sample rng key negative": (
+        lambda f: f.verify_sample(np.zeros((1, 64), np.float32), sample_rows(rng_key=-1)), Status.BAD_ARGUMENT, "rng_key",
+    ),
+    "verify_sample unknown mode": (
+        lambda f: f.verify_sample(np.zeros((1, 64), np.float32), sample_rows(mode=7)), Status.BAD_SAMPLING_MODE, "unknown sampling mode",
+    ),
+    "verify_sample logits of the wrong shape": (
+        lambda f: f.verify_sample(np.zeros((2, 64), np.float32), SampleRows.empty()), Status.BAD_ARGUMENT, "logits shape",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SEAM))
+def test_the_primitives_check_every_call_once(case):
+    call, status, words = SEAM[case]
     f = FakePrimitives(CFG)
     with pytest.raises(StatusError) as err:
         call(f)
@@ -160,9 +263,13 @@ def test_the_primitives_check_every_call_once(call, status, words):
     assert all(f.state_len(s) == 0 for s in range(CFG.max_lanes)), "a refused call changes nothing"
 
 
-def test_a_backend_without_partial_rollback_refuses_one():
-    import dataclasses
+def partial_rollback_refused():
+    f = FakePrimitives(dataclasses.replace(CFG, truncate_partial=False))
+    f.forward(rows([0, 0, 0], [0, 1, 2], [1, 2, 3]))
+    f.truncate(0, 1)
 
+
+def test_a_backend_without_partial_rollback_refuses_one():
     f = FakePrimitives(dataclasses.replace(CFG, truncate_partial=False))
     f.forward(rows([0, 0, 0], [0, 1, 2], [1, 2, 3]))
     with pytest.raises(StatusError) as err:
@@ -173,10 +280,61 @@ def test_a_backend_without_partial_rollback_refuses_one():
 
 
 def test_a_backend_without_verify_rows_gives_logits_only_at_each_lanes_last_row():
-    import dataclasses
-
     f = FakePrimitives(dataclasses.replace(CFG, verify_rows=False))
     with pytest.raises(StatusError) as err:
         f.forward(rows([0, 0], [0, 1], [1, 2], [0, 1]))
     assert err.value.status == Status.UNSUPPORTED
     assert f.forward(rows([0, 0], [0, 1], [1, 2], [1])).shape == (1, 64)
+
+
+# -- docs/errors.md: every refusal above, with its Status and its exact message -----------------
+
+
+def _error_of(case: str) -> StatusError:
+    """Run the refusal named ``case``; the StatusError it raised."""
+    if case in CASES:
+        h, p, slot = setup()
+        h.tick_err(CASES[case][0](h, p, slot))
+        return h.last_error
+    if case in PROMPTS:
+        call = lambda: setup()[0].prompt(PROMPTS[case][0])  # noqa: E731
+    elif case in SAMPLING:
+        call = lambda: SamplingParams(**SAMPLING[case][0])  # noqa: E731
+    elif case in SEAM:
+        call = lambda: SEAM[case][0](FakePrimitives(CFG))  # noqa: E731
+    else:
+        call = OTHERS[case]
+    with pytest.raises(StatusError) as err:
+        call()
+    return err.value
+
+
+ERRORS_MD = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+
+def documented_refusals() -> dict[str, tuple[str, str]]:
+    """The rows of the Python API table in docs/errors.md: case -> (Status name, message)."""
+    text = ERRORS_MD.read_text()
+    section = text.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.fullmatch(r"\| (.+?) \| (.+?) \| `(\w+)` \| `(.*)` \|", line)
+        if m:
+            case, _sent, status, message = m.groups()
+            assert case not in rows, f"docs/errors.md lists {case!r} twice"
+            rows[case] = (status, message.replace("\\|", "|"))
+    return rows
+
+
+def test_docs_errors_lists_every_refusal_the_tests_make():
+    documented = set(documented_refusals())
+    tested = set(CASES) | set(PROMPTS) | set(SAMPLING) | set(SEAM) | set(OTHERS)
+    assert not tested - documented, f"refusals missing from docs/errors.md: {sorted(tested - documented)}"
+    assert not documented - tested, f"docs/errors.md rows no test makes: {sorted(documented - tested)}"
+
+
+@pytest.mark.parametrize("case", sorted(documented_refusals()))
+def test_docs_errors_gives_the_status_and_message_the_refusal_has(case):
+    status, message = documented_refusals()[case]
+    err = _error_of(case)
+    assert (err.status.name, str(err)) == (status, message)
