@@ -57,7 +57,8 @@ class Fault:
     call: int
     kind: str = "raise"
     rows: Optional[tuple[int, ...]] = None
-    """For the logits kinds: which rows of the returned logits to overwrite (None: all)."""
+    """For the logits kinds: which rows of the returned logits to overwrite, modulo
+    their number (None: all)."""
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -115,7 +116,8 @@ class FaultyPrimitives:
                 Status.UNSUPPORTED, f"Fault {fault.kind!r}: the backend's logits are {type(logits).__name__}, not host numpy"
             )
         out = logits.copy()
-        out[list(fault.rows) if fault.rows is not None else slice(None)] = _POISON[fault.kind]
+        if len(out):
+            out[[r % len(out) for r in fault.rows] if fault.rows is not None else slice(None)] = _POISON[fault.kind]
         return out
 
     # -- the protocol ---------------------------------------------------------
