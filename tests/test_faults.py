@@ -58,11 +58,11 @@ class Run:
     quarantined: dict[int, dict[int, str]]  # tick -> the executor's quarantine before it
 
 
-def run(lane_specs: list[LaneSpec], faults=(), cfg: FakeConfig = CFG) -> Run:
+def run(lane_specs: list[LaneSpec], faults=(), backend=functools.partial(FakePrimitives, CFG)) -> Run:
     box: dict = {}
 
     def make():
-        box["p"] = FaultyPrimitives(FakePrimitives(cfg), faults)
+        box["p"] = FaultyPrimitives(backend(), faults)
         return box["p"]
 
     r = Run([], None, {}, {}, {})  # type: ignore[arg-type]
@@ -193,11 +193,11 @@ def test_unusable_logits_end_only_the_lane_of_that_row(kind, words, speculate):
 def test_tokens_of_a_draft_before_an_unusable_row_are_emitted():
     """A text that repeats: drafts are taken whole. Poisoning row 3 of a step (the
     pending row, then drafts 1, 2, 3) emits the tokens drawn at rows 0..2."""
-    cfg = dataclasses.replace(CFG, copy_miss_every=0)
+    backend = functools.partial(FakePrimitives, dataclasses.replace(CFG, copy_miss_every=0))
     prompt = (5, 6, 7, 8) * 5
     spec = LaneSpec(prompt, params=SamplingParams(flags=SamplingFlag.IGNORE_EOS), speculate=True, budgets=(12,) * 4)
-    control = run([spec], cfg=cfg)
-    faulty = run([spec], [Fault("decode", at(control, "decode", 2, 1), "nan", rows=(3,))], cfg=cfg)
+    control = run([spec], backend=backend)
+    faulty = run([spec], [Fault("decode", at(control, "decode", 2, 1), "nan", rows=(3,))], backend=backend)
     held = faulty.held[2][0]
     got = faulty.lanes[0]
     assert got.finish == Finish.ERROR and "hold NaN" in got.error
@@ -275,3 +275,25 @@ def test_docs_errors_lists_the_ops_these_tests_fail():
     section = text.split("## Backend faults", 1)[1].split("\n## ", 1)[0]
     ops = {m.group(1) for m in re.finditer(r"^\| `([a-z_ ]+)`", section, re.M)}
     assert ops == {"prefill forward", "decode forward", "verify_sample", "truncate", "release"}
+
+
+# -- the real decoder ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault, failed, op",
+    [
+        (lambda c: Fault("prefill", 1), {0}, "prefill forward"),
+        (lambda c: Fault("decode", at(c, "decode", 2, 2), "raise_after"), {0, 1}, "decode forward"),
+        (lambda c: Fault("verify_sample", at(c, "verify_sample", 2, 1)), {0, 1}, "verify_sample"),
+        (lambda c: Fault("decode", at(c, "decode", 2, 1), "nan", rows=(0,)), {0}, "verify_sample"),
+    ],
+    ids=["prefill", "decode", "verify_sample", "nan-logits"],
+)
+def test_faults_on_the_onnxruntime_decoder(tiny_model_dir, fault, failed, op):
+    """FaultyPrimitives wraps the real decoder as it wraps the fake: same contract."""
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+
+    decoder = functools.partial(OrtDecoderPrimitives, tiny_model_dir, max_lanes=4, max_context=160, threads=1)
+    control = run(specs(Sampling.GPU_GUMBEL, True), backend=decoder)
+    check_against_control(run(specs(Sampling.GPU_GUMBEL, True), [fault(control)], backend=decoder), control, failed, op)
