@@ -607,13 +607,3 @@ class Executor:
             lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings),
             tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)),
         )
-
-
-def __getattr__(name: str):
-    # The Rust original exports FakePrimitives beside the Executor; keep that
-    # spelling working without importing onnxruntime graphs at module import.
-    if name == "FakePrimitives":
-        from .fake import FakePrimitives
-
-        return FakePrimitives
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

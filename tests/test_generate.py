@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
-from sf_trt.abi import Finish
+from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.faults import Fault, FaultyPrimitives
 from sf_trt.generate import Generator, Request
@@ -125,18 +124,19 @@ def test_generator_settings_are_checked(tick_tokens):
         Generator(FakePrimitives(CFG), tick_tokens=tick_tokens)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "flags, words",
-    [
-        (["--top-k", "5000"], "admit(lane=0): top_k 5000 exceeds the sampler's limit 1024 [BAD_SAMPLING_PARAMS]"),
-        (["--temperature", "1e-40"], "temperature 1e-40 is below the floor 1.52587890625e-05 (2**-16)"),
-        (["--temperature", "1e-38"], "temperature 1e-38 is below the floor"),
-    ],
-)
-def test_the_command_line_reports_the_refusal_that_happened(flags, words):
-    from test_cli import refused
+def run_one(cfg: FakeConfig = CFG, **request) -> list:
+    return Generator(FakePrimitives(cfg)).run([Request([1, 2, 3], **request)])
 
-    line = refused("generate", "--prompt", "Hi", *flags)
-    assert words in line, line
-    assert "UNKNOWN_LANE" not in line
+
+REFUSALS = {
+    "generator tick tokens 0": lambda: Generator(FakePrimitives(CFG), tick_tokens=0),
+    "generator speculation the backend cannot verify": lambda: run_one(FakeConfig(copy_model=True)),
+    "generator request top_k past the limit": lambda: run_one(sampling=Sampling.GPU_GUMBEL, params=SamplingParams(top_k=41)),
+}
+"""Every refusal of the Generator as a call that raises it, by the name docs/errors.md gives it."""
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_generator_refusals_raise_a_status_error_and_run_nothing(case):
+    with pytest.raises(StatusError):
+        REFUSALS[case]()
