@@ -562,11 +562,12 @@ class Executor:
 
     def _release(self, lane: _Lane) -> None:
         """Free the lane's id, and its slot unless the backend fails to release it."""
+        released = self._call("release", [lane], self.primitives.release, lane.slot) is not _FAULT
         del self._lanes[lane.lane_id]
-        if self._call("release", [lane], self.primitives.release, lane.slot) is _FAULT:
-            self._quarantined[lane.slot] = lane.error or "release failed"
-        else:
+        if released:
             self._free_slots.append(lane.slot)
+        else:
+            self._quarantined[lane.slot] = lane.error or "release failed"
 
     # -- for tests and tools ----------------------------------------------------------------------
 
