@@ -89,3 +89,18 @@ def test_generate_json_is_the_same_with_and_without_speculation():
     assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
     assert plain["proposed"] == 0 and spec["proposed"] > 0
     assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--top-k", "5000"], "admit(lane=0): top_k 5000 exceeds the sampler's limit 1024 [BAD_SAMPLING_PARAMS]"),
+        (["--temperature", "1e-40"], "temperature 1e-40 is below the floor 1.52587890625e-05 (2**-16)"),
+        (["--temperature", "1e-38"], "temperature 1e-38 is below the floor"),
+    ],
+)
+def test_the_refusal_that_happened_is_the_one_reported(flags, words):
+    """Not `release(lane=0): lane not admitted`: the Generator releases only lanes it admitted."""
+    line = refused("generate", "--prompt", "Hi", *flags)
+    assert words in line, line
