@@ -293,7 +293,11 @@ def load_gguf(
         names = tqdm(wanted, desc="dequantize", unit="tensor")
     elif callable(progress):
         names = progress(wanted)
-    arrays = {name: _dequantize(reader, by_name[name]) for name in names}
+    try:
+        arrays = {name: _dequantize(reader, by_name[name]) for name in names}
+    finally:
+        if hasattr(names, "close"):
+            names.close()  # a bar left open prints itself after the error message
     layers = [
         LlamaLayerWeights(**{field: arrays[f"blk.{i}.{g}.weight"] for field, g in _LAYER_TENSORS.items()})
         for i in range(cfg.n_layers)
