@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -246,14 +247,12 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_row_is_what_the_command_line_says(case, shared, tmp_path, monkeypatch, capsys):
-    from sf_trt.cli.launch import cores
-
     if case == "no TensorRT here" and importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("TensorRT is importable here")
     code_expected, message = documented()[case]
     w = Workspace(tmp_path, shared)
     w.env = {"SF_TRT_CACHE": str(tmp_path / "cache")}
-    w.subs["<CORES>"] = str(cores())
+    w.subs["<CORES>"] = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     argv = CASES[case](w)
     for key, value in w.env.items():
         monkeypatch.setenv(key, value)
