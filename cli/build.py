@@ -163,6 +163,7 @@ def _build_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
     """Build every graph into ``args.out``; EXIT_OK when all were built."""
     from sf_trt.export.trt_build import build_engine
     from sf_trt.export.trt_config import BuildConfig, BuildError
+    from sf_trt.formats.manifest import ManifestError
 
     try:
         cfg = BuildConfig(
@@ -182,7 +183,7 @@ def _build_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
             failed += 1
             if str(exc).startswith("TensorRT not available"):
                 return EXIT_REFUSED  # every other graph would fail the same way
-        except OSError as exc:
+        except (OSError, ManifestError) as exc:  # ManifestError: the --out manifest it would add to is damaged
             err(f"sf-trt build: {path}: {type(exc).__name__}: {exc}")
             failed += 1
     if failed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterable, Mapping
 
 from .files import sha256_file
@@ -19,7 +19,7 @@ from .shapes import IOTensor, Profile
 
 __all__ = [
     "MANIFEST_NAME", "MANIFEST_FORMAT", "ManifestError", "EngineManifest",
-    "read_manifest", "write_manifest", "manifest_problems", "check_manifest",
+    "read_manifest", "write_manifest", "manifest_problems", "check_manifest", "check_engine_file",
 ]
 
 MANIFEST_NAME = "manifest.json"
@@ -79,10 +79,12 @@ class EngineManifest:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "EngineManifest":
+        if not isinstance(d, Mapping):
+            raise ManifestError(f"manifest entry is {type(d).__name__}, expected an object")
         try:
             return EngineManifest(
                 name=str(d["name"]),
-                engine_file=str(d["engine_file"]),
+                engine_file=_engine_file(d["engine_file"]),
                 engine_sha256=str(d["engine_sha256"]),
                 onnx_file=str(d["onnx_file"]),
                 onnx_sha256=str(d["onnx_sha256"]),
@@ -96,8 +98,20 @@ class EngineManifest:
                 created_utc=str(d.get("created_utc", "")),
                 meta={str(k): str(v) for k, v in d.get("meta", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except ManifestError as exc:
+            raise ManifestError(f"manifest entry {d.get('name', '?')!r}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise ManifestError(f"manifest entry {d.get('name', '?')!r} is malformed ({type(exc).__name__}: {exc})") from None
+
+
+def _engine_file(value: Any) -> str:
+    """An ``engine_file``: a relative path that stays inside the engines directory."""
+    if not isinstance(value, str) or not value:
+        raise ManifestError(f"engine_file {value!r} is not a file name")
+    parts = PurePosixPath(value.replace("\\", "/")).parts
+    if value.startswith(("/", "\\")) or PureWindowsPath(value).drive or ".." in parts or "\0" in value:
+        raise ManifestError(f"engine_file {value!r} is not a path inside the engines directory")
+    return value
 
 
 def _manifest_path(path: str | os.PathLike) -> Path:
@@ -109,10 +123,10 @@ def read_manifest(path: str | os.PathLike) -> dict[str, EngineManifest]:
     """The engines recorded in ``path`` (a ``manifest.json`` or the directory holding one)."""
     p = _manifest_path(path)
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise ManifestError(f"no manifest at {os.fspath(p)!r}; build the engines with `sf-trt build` first") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ManifestError(f"cannot read manifest {os.fspath(p)!r} ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("engines"), dict):
         raise ManifestError(
@@ -171,6 +185,21 @@ def manifest_problems(
         if digest != manifest.onnx_sha256:
             problems.append(f"ONNX graph changed since the build (sha256 {digest[:16]}..., built from {manifest.onnx_sha256[:16]}...)")
     return problems
+
+
+def check_engine_file(manifest: EngineManifest, engine_dir: str | os.PathLike) -> Path:
+    """The path of ``manifest``'s engine inside ``engine_dir``, after checking it
+    is there with the recorded sha256 (no TensorRT needed: run this first)."""
+    path = Path(engine_dir) / manifest.engine_file
+    if not path.is_file():
+        raise ManifestError(f"refusing engine {manifest.name!r}: engine file {os.fspath(path)!r} is missing. Rebuild it with `sf-trt build`.")
+    digest = sha256_file(path)
+    if digest != manifest.engine_sha256:
+        raise ManifestError(
+            f"refusing engine {manifest.name!r}: engine file sha256 {digest[:16]}..., manifest says "
+            f"{manifest.engine_sha256[:16]}... (damaged or replaced). Rebuild it with `sf-trt build`."
+        )
+    return path
 
 
 def check_manifest(

@@ -6,6 +6,7 @@ import importlib.util
 
 import onnx
 import pytest
+from manifests import write_engines_dir
 from onnx import TensorProto as T
 from onnx import helper as h
 from sf_trt.export.trt_config import BuildConfig, BuildError
@@ -19,8 +20,9 @@ from sf_trt.graphs.copy_model import build_copy_graph
 def test_without_tensorrt_the_primitives_and_the_build_refuse_clearly(tmp_path):
     if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("tensorrt is importable here: the refusal path is not reachable")
+    engines = write_engines_dir(tmp_path / "engines_in", ("copy_model", "verify"))  # a sound manifest: TensorRT is next
     with pytest.raises(StatusError, match=r"TensorRTPrimitives: TensorRT not available: ") as err:
-        TensorRTPrimitives.open(tmp_path)
+        TensorRTPrimitives.open(engines)
     assert err.value.status == Status.UNSUPPORTED
     from sf_trt.export.trt_build import build_engine
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ...formats.manifest import ManifestError, check_manifest, read_manifest
+from ...formats.manifest import ManifestError, check_engine_file, check_manifest, read_manifest
 from ...graphs.verify import LOGITS as VERIFY_LOGITS
 from ...graphs.verify import MATCH as VERIFY_MATCH
 from ...graphs.verify import TOKENS as VERIFY_TOKENS
@@ -116,11 +116,20 @@ class TensorRTPrimitives(PrimitivesBase):
         **caps: Any,
     ) -> "TensorRTPrimitives":
         """Load engines ``model`` and ``verify`` from ``engine_dir`` after
-        checking their manifest entries against this TensorRT and GPU.
+        checking their manifest entries: the manifest and the engine files
+        first (no TensorRT needed), then this TensorRT and GPU.
 
         ``eos`` defaults to the manifest's ``meta["eos"]``; ``caps`` go to the
         constructor (``verify_rows``, ``truncate_partial``, ``top_k_limit``, ...).
         """
+        try:
+            entries = read_manifest(engine_dir)
+            for name in (model, verify):
+                if name not in entries:
+                    raise refuse(f"no engine {name!r} in {os.fspath(engine_dir)}/manifest.json (has: {sorted(entries)})")
+                check_engine_file(entries[name], engine_dir)
+        except ManifestError as exc:
+            raise refuse(str(exc)) from None
         try:
             trt = import_tensorrt()
         except TensorRTUnavailable as exc:
@@ -132,17 +141,11 @@ class TensorRTPrimitives(PrimitivesBase):
         if not torch.cuda.is_available():
             raise refuse("torch sees no CUDA device")
         try:
-            entries = read_manifest(engine_dir)
             cc, _ = device_info(device)
+            for name in (model, verify):
+                check_manifest(entries[name], trt.__version__, cc)
         except (ManifestError, TensorRTUnavailable) as exc:
             raise refuse(str(exc)) from None
-        for name in (model, verify):
-            if name not in entries:
-                raise refuse(f"no engine {name!r} in {os.fspath(engine_dir)}/manifest.json (has: {sorted(entries)})")
-            try:
-                check_manifest(entries[name], trt.__version__, cc, engine_path=Path(engine_dir) / entries[name].engine_file)
-            except ManifestError as exc:
-                raise refuse(str(exc)) from None
         if eos is None:
             if "eos" not in entries[model].meta:
                 raise refuse(f"eos not given and not in the manifest's meta for {model!r}")

@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import onnx
 import pytest
+from manifests import engine_entry
 from sf_trt.export.registry import GRAPHS
 from sf_trt.export.trt_config import BuildConfig
 
 from sf_trt.abi import Status, StatusError
 from sf_trt.backends.tensorrt import BufferPlan
-from sf_trt.formats.files import sha256_file
 from sf_trt.formats.manifest import EngineManifest
-from sf_trt.formats.shapes import IOTensor, derive_profiles, onnx_io
-from sf_trt.graphs.copy_model import build_copy_graph
+from sf_trt.formats.shapes import IOTensor, onnx_io
 
 
 def _entry(tmp_path, name="copy_model", trt="10.3.0", cc="9.0") -> EngineManifest:
-    engine = tmp_path / f"{name}.engine"
-    engine.write_bytes(b"serialized engine bytes of " + name.encode())
-    graph = tmp_path / f"{name}.onnx"
-    onnx.save(build_copy_graph(vocab=16, eos=15, max_lanes=2, max_context=8), graph)
-    cfg = BuildConfig(max_rows_per_pass=8, max_lanes=2, max_context=8)
-    return EngineManifest(
-        name=name, engine_file=engine.name, engine_sha256=sha256_file(engine), onnx_file=str(graph),
-        onnx_sha256=sha256_file(graph), tensorrt_version=trt, compute_capability=cc, gpu_name="NVIDIA H200",
-        precision="fp16", io=tuple(onnx_io(graph)), profiles=(derive_profiles(graph, cfg),),
-        build=dataclasses.asdict(cfg), created_utc="2026-12-02T00:00:00+00:00", meta={"eos": "15"},
-    )
+    return engine_entry(tmp_path, name, trt, cc)
 
 
 def test_buffer_plan_of_the_copy_model_from_its_graph():
