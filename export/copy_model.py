@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from sf_trt.graph_ranges import declare_ranges
+
 OPSET = 17
 INPUTS = ("history", "lanes", "positions")
 OUTPUT = "logits"
@@ -123,5 +125,8 @@ def build_copy_graph(
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.export")
+    # What the fake feeds (tokens, lanes and positions checked at the seam): with these,
+    # every integer value here is below 7 * vocab + 3 (export/OPS.md, "Integer arithmetic").
+    declare_ranges(model, inputs={"history": (0, vocab - 1), "lanes": (0, max_lanes - 1), "positions": (0, max_context - 1)})
     onnx.checker.check_model(model)
     return model

@@ -82,6 +82,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from sf_trt.graph_ranges import declare_ranges
+
 from .gguf_llama import LlamaConfig, LlamaLayerWeights, LlamaWeights
 
 __all__ = [
@@ -407,7 +409,23 @@ def build_decoder_graph(
     graph = helper.make_graph(g.nodes, "llama_decoder", inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.export.decoder")
     model.ir_version = min(model.ir_version, 10)
-    return model
+    return _declare_decoder_ranges(model, cfg, max_lanes, max_context)
+
+
+DECODER_MAX_LANES = 2**16
+"""The lane count the decoder graph states as its bound when ``max_lanes`` is not fixed."""
+
+
+def _declare_decoder_ranges(model: onnx.ModelProto, cfg: LlamaConfig, max_lanes: int | None, max_context: int | None) -> onnx.ModelProto:
+    """The ranges the graph's integer inputs and symbolic dims keep (sf_trt.graph_ranges): the
+    proof that its integer arithmetic (the ``Range``s over lanes and cache slots) is exact."""
+    lanes = max_lanes or DECODER_MAX_LANES
+    slots = (max_context or cfg.context_length) + 1  # the trash slot included
+    inputs = {"input_ids": (0, cfg.vocab - 1), "positions": (0, slots - 1), "logit_index": (0, lanes * slots - 1)}
+    if "lane_ids" in {i.name for i in model.graph.input}:
+        inputs["lane_ids"] = (0, lanes - 1)
+    dims = {"batch": (1, lanes), "rows": (1, slots), "logit_rows": (1, lanes * slots), "cache_len": (1, slots), "max_lanes": (1, lanes)}
+    return declare_ranges(model, inputs=inputs, dims=dims)
 
 
 def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -445,6 +463,7 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
             new.type.tensor_type.shape.dim[0].Clear()
             new.type.tensor_type.shape.dim[0].dim_param = "batch"
     g.output.extend(graph.output)
+    out.metadata_props.extend(model.metadata_props)
     return out
 
 
