@@ -32,6 +32,8 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..abi import Status, StatusError
+from ..export.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS
+from ..export.verify import sample_feeds
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 
 __all__ = ["BufferSpec", "BufferPlan", "EngineRunner", "TensorRTError", "TensorRTPrimitives"]
@@ -42,7 +44,8 @@ _ITEMSIZE = {
 }
 
 VERIFY_LOGITS = "logits"
-"""The verify graph's logits input; its other inputs are :class:`SampleRows` fields by name."""
+"""The verify graph's logits input; its other inputs are what ``sample_feeds`` makes of a
+:class:`SampleRows` (sf_trt.export.verify: the fields, and the noise keys)."""
 VERIFY_TOKENS, VERIFY_MATCH = "tokens", "match"
 """The verify graph's outputs: drawn tokens ``[K]`` and ``tokens == draft`` ``[K]``."""
 COPY_STATE = "history"
@@ -678,10 +681,11 @@ class TensorRTPrimitives(PrimitivesBase):
         dev = self._dev
         if sample.num_rows == 0:
             return np.zeros(0, np.int64), np.zeros(0, bool)
+        host = sample_feeds(sample)  # the fields, and the noise keys made from rng_key and position
         feeds = {VERIFY_LOGITS: logits}
         for b in self._verify.plan.inputs():
             if b.name != VERIFY_LOGITS:
-                feeds[b.name] = dev.to_device(np.asarray(getattr(sample, b.name)).astype(_numpy_dtype(b.dtype)))
+                feeds[b.name] = dev.to_device(host[b.name].astype(_numpy_dtype(b.dtype)))
         out = self._verify.run(feeds)
         tokens = dev.to_host(out[VERIFY_TOKENS]).astype(np.int64)
         match = dev.to_host(out[VERIFY_MATCH]).astype(bool)
@@ -704,10 +708,10 @@ class TensorRTPrimitives(PrimitivesBase):
 
 def _check_verify_plan(plan: BufferPlan, vocab: int) -> None:
     names = {b.name for b in plan.inputs()}
-    wanted = {VERIFY_LOGITS} | {f.name for f in dataclasses.fields(SampleRows)}
+    wanted = {VERIFY_LOGITS} | set(VERIFY_SAMPLE_INPUTS)
     if names != wanted:
         raise _refuse(
-            f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} (logits and the SampleRows fields)"
+            f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} (logits and sample_feeds' inputs)"
         )
     outs = {b.name for b in plan.outputs()}
     if not {VERIFY_TOKENS, VERIFY_MATCH} <= outs:
