@@ -65,7 +65,7 @@ ranges it declares. Wide mixing runs where integers are exact everywhere, on the
   ``p = (B + a_i) * m_i < 8192 * 2048 = 2**24`` (``lo``/``hi`` the product's low and
   high 12 bits): the fold is linear modulo 4095 and the state adds modulo 4096, so the
   two groups do not commute (the way IDEA mixes its operations); computed as
-  ``t = A + p + p div 4096 < 2**24``, ``t mod 4096 = t - 4096 * (t div 4096)``. Each
+  ``t = A + p + p div 4096 <= 4095 + 16764930 + 4093 < 2**24``, ``t mod 4096 = t - 4096 * (t div 4096)``. Each
   row's map is a bijection of the 2**24 states, so distinct tokens never share a state;
 * ``h = (B div 2) * 4096 + A`` in ``[0, 2**23)`` (the top bits come from the last
   round, so every key affects them), and ``u = (h + 0.5) * 2**-23 = (2h + 1) / 2**24``
@@ -215,7 +215,7 @@ def token_states(vocab: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _round(o, a, b, add, mul):
     """One Feistel round: ``(A, B) -> (B, (A + lo(p) + hi(p)) mod 4096)``, ``p = (B + add) * mul``.
-    ``B, add < 4096``, ``mul <= 2047``: ``p < 2**24``; ``t = A + p + hi(p) <= 4095 + 16764930 + 4092``."""
+    ``B, add < 4096``, ``mul <= 2047``: ``p <= 8190 * 2047 = 16764930``; ``t = A + p + hi(p) <= 16773118 < 2**24``."""
     p = o.mul(o.add(b, add), mul)
     t = o.add(a, o.add(p, o.div(p, LIMB)))  # == A + lo(p) + hi(p) modulo 4096
     return b, o.sub(t, o.mul(o.div(t, LIMB), LIMB))
