@@ -244,14 +244,14 @@ def cmd_export(args) -> int:
     out = args.out or _export_dir(gguf, args.weights)
     t0 = time.perf_counter()
     path = export_model_dir(gguf, out, progress=True, weight_dtype=args.weights)
-    verify = path / "verify.onnx"
-    if not verify.is_file():  # the sampler graph, for `sf-trt build` beside the decoder
-        import onnx
-        from sf_trt.export.gguf_llama import LlamaConfig
-        from sf_trt.export.verify import build_verify_graph
-        from sf_trt.export.decoder import read_model_dir
+    # The sampler graph, for `sf-trt build` beside the decoder. Written every time: it follows
+    # the code, not the model (a model dir from before issue 14 holds the old hash's graph).
+    import onnx
+    from sf_trt.export.gguf_llama import LlamaConfig
+    from sf_trt.export.verify import build_verify_graph
+    from sf_trt.export.decoder import read_model_dir
 
-        onnx.save(build_verify_graph(LlamaConfig.from_dict(read_model_dir(path)["llama"]).vocab), verify)
+    onnx.save(build_verify_graph(LlamaConfig.from_dict(read_model_dir(path)["llama"]).vocab), path / "verify.onnx")
     print(f"model directory: {path} ({time.perf_counter() - t0:.1f}s)")
     return 0
 
