@@ -54,9 +54,9 @@ bits: every operand and result of its integer ``Add``/``Mul``/``Div``/``Sub`` st
 ranges it declares. Wide mixing runs where integers are exact everywhere, on the host:
 
 * per row, on the host (:func:`noise_keys`): the 63-bit key and the 31-bit position
-  go through two rounds of a 64-bit finalizer (``fmix64``, xor-shift-multiply) and
-  give three additive keys ``a_i`` in ``[0, 4096)`` and three odd multipliers ``m_i``
-  in ``[1025, 2047]`` (63 bits of key material per row);
+  go through two rounds of a 64-bit finalizer (``fmix64``, xor-shift-multiply) whose
+  bits give three additive keys ``a_i`` in ``[0, 4096)`` and three odd multipliers
+  ``m_i`` in ``[1025, 2047]`` (63 bits of key material per row);
 * per token, at build time: a fixed bijection of ``[0, 2**24)`` (multiply, xor-shift)
   gives each token id a distinct state ``(A, B)``, two 12-bit halves, as ``[1, Vp]``
   constants;
@@ -167,32 +167,43 @@ def topk_k(vocab: int, top_k_limit: int) -> int:
 
 _M64 = 2**64 - 1
 _FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)
-_KEY_SALT, _POS_MUL, _POS_SALT, _MUL_SALT = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7, 0x2545F4914F6CDD1D
+_KEY_SALT, _POS_MUL, _POS_SALT = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7
+_ADD_SHIFTS = tuple(12 * i for i in range(ROUNDS))  # bits 0..35 of the row's 64-bit hash
+_MUL_SHIFTS = tuple(36 + 9 * i for i in range(ROUNDS))  # bits 36..62
 _TOKEN_STEPS = ((0x9E3779, 0x5A5A5, 12), (0x85EBCB, 0x3C6EF, 11), (0xC2B2AF, 0x1B873, 12))
 """(odd multiplier, addend, xor-shift) per step of the token-state bijection of [0, 2**24)."""
 
 
+_U64 = {name: np.uint64(v) for name, v in (
+    ("33", 33), ("f0", _FMIX[0]), ("f1", _FMIX[1]), ("key", _KEY_SALT), ("pmul", _POS_MUL), ("psalt", _POS_SALT),
+)}
+_SHIFTS = np.array(_ADD_SHIFTS + _MUL_SHIFTS, np.uint64)
+_MASKS = np.array([LIMB - 1] * ROUNDS + [511] * ROUNDS, np.uint64)
+
+
 def _fmix64(z: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer on uint64 arrays (numpy wraps modulo 2**64)."""
-    s33 = np.uint64(33)
-    z = z ^ (z >> s33)
-    z = z * np.uint64(_FMIX[0])
-    z = z ^ (z >> s33)
-    z = z * np.uint64(_FMIX[1])
-    return z ^ (z >> s33)
+    """MurmurHash3's 64-bit finalizer, in place on a uint64 array (numpy wraps modulo 2**64)."""
+    z ^= z >> _U64["33"]
+    z *= _U64["f0"]
+    z ^= z >> _U64["33"]
+    z *= _U64["f1"]
+    z ^= z >> _U64["33"]
+    return z
 
 
 def noise_keys(rng_key, position) -> tuple[np.ndarray, np.ndarray]:
     """The graph's ``(noise_add, noise_mul)``, int32 ``[R, ROUNDS]`` each, for rows with
-    these ``rng_key`` (``0 <= key < 2**63``) and ``position`` (``0 <= position < 2**31``)."""
+    these ``rng_key`` (``0 <= key < 2**63``) and ``position`` (``0 <= position < 2**31``):
+    fields of ``fmix64(fmix64(key + c0) ^ (position * c1 + c2))``, bits 0..35 the additive
+    keys, bits 36..62 the multipliers' 9-bit indices."""
     key = np.asarray(rng_key, np.int64).reshape(-1).astype(np.uint64)
     pos = np.asarray(position, np.int64).reshape(-1).astype(np.uint64)
-    z = _fmix64(_fmix64(key + np.uint64(_KEY_SALT)) ^ (pos * np.uint64(_POS_MUL) + np.uint64(_POS_SALT)))
-    w = _fmix64(z + np.uint64(_MUL_SALT))
-    mask12, mask9 = np.uint64(LIMB - 1), np.uint64(511)
-    add = np.stack([(z >> np.uint64(12 * i)) & mask12 for i in range(ROUNDS)], axis=1)
-    mul = np.stack([(w >> np.uint64(9 * i)) & mask9 for i in range(ROUNDS)], axis=1) * np.uint64(2) + np.uint64(MUL_RANGE[0])
-    return add.astype(np.int32), mul.astype(np.int32)
+    key += _U64["key"]
+    pos *= _U64["pmul"]
+    pos += _U64["psalt"]
+    z = _fmix64(_fmix64(key) ^ pos)
+    fields = ((z[:, None] >> _SHIFTS) & _MASKS).astype(np.int32)  # [R, 2 * ROUNDS]
+    return fields[:, :ROUNDS], fields[:, ROUNDS:] * 2 + MUL_RANGE[0]
 
 
 def sample_feeds(sample) -> dict[str, np.ndarray]:
@@ -265,14 +276,13 @@ def hash_bits(key: int, position: int, token: int) -> int:
         return z ^ (z >> 33)
 
     z = fmix(fmix((key + _KEY_SALT) & _M64) ^ ((position * _POS_MUL + _POS_SALT) & _M64))
-    w = fmix((z + _MUL_SALT) & _M64)
     x = token
     for mul, add, shift in _TOKEN_STEPS:
         x = (x * mul + add) % MAX_VOCAB
         x ^= x >> shift
     a, b = divmod(x, LIMB)
     for i in range(ROUNDS):
-        k, m = (z >> (12 * i)) % LIMB, MUL_RANGE[0] + 2 * ((w >> (9 * i)) % 512)
+        k, m = (z >> (12 * i)) % LIMB, MUL_RANGE[0] + 2 * ((z >> (36 + 9 * i)) % 512)
         lo, hi = divmod((b + k) * m, LIMB)[::-1]
         a, b = b, (a + lo + hi) % LIMB
     return (b // 2) * LIMB + a
