@@ -7,7 +7,7 @@ magnitude below ``2**24`` exactly, and a float32 divide-then-floor of two such i
 is the exact floor. So a graph is safe on any backend when every operand and result of
 its integer arithmetic stays inside ``(-2**24, 2**24)``; :func:`integer_bounds` proves
 that for a built graph, from the ranges it declares for its inputs and dims
-(:mod:`sf_trt.graph_ranges`).
+(:mod:`sf_trt.graphs.ranges`).
 
 ``integer_bounds(model)`` walks the main graph once, in order, and gives every integer
 tensor an interval ``[lo, hi]`` that holds for all inputs inside the declared ranges
@@ -37,7 +37,7 @@ import onnx
 import onnx.shape_inference
 from onnx import TensorProto, numpy_helper
 
-from sf_trt.graph_ranges import Range, declared_ranges
+from sf_trt.graphs.ranges import Range, declared_ranges
 
 __all__ = [
     "EXACT_LIMIT", "INT_TYPES", "ARITHMETIC", "DIVISION", "Interval", "ArithmeticFinding",
@@ -322,7 +322,7 @@ def integer_bounds(
     """Every integer tensor of ``model``'s main graph -> its proven interval, or ``None``.
 
     ``inputs`` / ``dims`` (name -> ``(lo, hi)``) default to what the graph declares
-    (:func:`sf_trt.graph_ranges.declared_ranges`); an integer input without a range is
+    (:func:`sf_trt.graphs.ranges.declared_ranges`); an integer input without a range is
     taken over its whole dtype, a symbolic dim without one is unbounded."""
     stated_inputs, stated_dims = declared_ranges(model)
     return _Analysis(model, stated_inputs if inputs is None else inputs, stated_dims if dims is None else dims).run()

@@ -49,7 +49,8 @@ import onnx
 import onnx.shape_inference
 from onnx import TensorProto, numpy_helper
 
-from sf_trt.graph_ranges import RANGES_KEY
+from sf_trt.graphs.ranges import RANGES_KEY
+from sf_trt.graphs.verify import TOPK_MAX_K  # [M] "`K` input must be less than 3840"
 
 from .int_bounds import arithmetic_findings
 
@@ -72,8 +73,6 @@ MIN_OPSET = 9
 """[M] lowest default-domain opset the parser imports."""
 DEFAULT_MAX_OPSET = 20
 """[M]/[C] highest opset TensorRT 10.0 imports (10.15 goes to 24; pass ``max_opset``)."""
-TOPK_MAX_K = 3840
-"""[M] "`K` input must be less than 3840"."""
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -739,7 +738,7 @@ def _exactness_findings(model: onnx.ModelProto) -> list[Finding]:
     try:
         found = arithmetic_findings(model)
     except ValueError as exc:  # a malformed ranges record
-        return [Finding("main", "<model>", "", str(exc), "a JSON ranges record (sf_trt.graph_ranges)")]
+        return [Finding("main", "<model>", "", str(exc), "a JSON ranges record (sf_trt.graphs.ranges)")]
     return [Finding("main", f.node, f.op_type, f.problem, _EXACT_EXPECTED, f.severity) for f in found]
 
 

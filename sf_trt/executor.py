@@ -487,13 +487,3 @@ class Executor:
             for l in sorted(self._lanes.values(), key=lambda l: l.lane_id)
         )
         return (lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings), tuple(sorted(self._prompts)))
-
-
-def __getattr__(name: str):
-    # The Rust original exports FakePrimitives beside the Executor; keep that
-    # spelling working without importing onnxruntime graphs at module import.
-    if name == "FakePrimitives":
-        from .fake import FakePrimitives
-
-        return FakePrimitives
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

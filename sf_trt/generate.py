@@ -20,6 +20,10 @@ from .executor import Executor, ExecutorConfig
 from .primitives import PrimitivesBase
 
 STRATEGY_ID = b"sf_trt.prompt_lookup.v1".ljust(32, b"\0")
+DEFAULT_TICK_TOKENS = 16
+"""Tokens each decoding lane is asked for per tick."""
+DEFAULT_PREFILL_CHUNK = 256
+"""Prompt tokens a lane prefills per tick."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +67,8 @@ class Generator:
         primitives: PrimitivesBase,
         *,
         draft_config: Optional[PromptLookupConfig] = None,
-        tick_tokens: int = 16,
-        prefill_chunk: int = 256,
+        tick_tokens: int = DEFAULT_TICK_TOKENS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         executor_config: ExecutorConfig = ExecutorConfig(),
     ) -> None:
         if tick_tokens < 1 or prefill_chunk < 1:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sf_trt.drafting import PromptLookupConfig, PromptLookupDrafter
-import pytest
 from sf_trt.abi import Status, StatusError
+from sf_trt.drafting import PromptLookupConfig, PromptLookupDrafter
 
 
 def rescan(history: list[int], cfg: PromptLookupConfig, k: int) -> list[int]:

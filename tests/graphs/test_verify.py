@@ -1,5 +1,4 @@
-"""The verify-and-sample graph (export/verify.py), its op notes (export/OPS.md) and its
-onnxruntime runner (sf_trt/sampler.py)."""
+"""The verify-and-sample graph (sf_trt.graphs.verify): semantics, variants, the hash, against the numpy reference."""
 
 from __future__ import annotations
 
@@ -14,24 +13,28 @@ import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from sf_trt.export import verify as V
 from sf_trt.export.trt_support import check_graph, errors_in
+
+from sf_trt.graphs import verify as V
 from sf_trt.primitives import SampleRows
-from sf_trt.sampler import OrtVerifySampler
 
 SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
+ROOT = Path(__file__).resolve().parents[2]
 
-ROOT = Path(__file__).resolve().parents[1]
+
 BITWISE = {"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
+
+
 VOCABS = (5, 37, 64, 300)  # 64: no padding; the others padded to a multiple of 16
+
+
 TOPK_LIMIT = 16
+
+
 VARIANTS = ((True, True), (False, True), (True, False), (False, False))  # (top_k, top_p)
 
+
 fast = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-# -- sessions and inputs --------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,9 +97,6 @@ def gumbel_rows(rows: int, vocab: int, logits, *, temperature=1.0, top_p=1.0, to
 seeds = st.integers(0, 2**32 - 1)
 
 
-# -- structure --------------------------------------------------------------------------------
-
-
 def ops_md_verify_ops() -> set[str]:
     text = (ROOT / "export" / "OPS.md").read_text()
     section = text.split("\n## verify", 1)[1].split("\n## ", 1)[0]
@@ -157,9 +157,6 @@ def test_topk_is_static_sorted_largest_and_below_3840():
         V.build_verify_graph(37, 0)
 
 
-# -- greedy -----------------------------------------------------------------------------------
-
-
 @fast
 @given(seeds, st.sampled_from(VOCABS))
 def test_greedy_is_argmax_lowest_id_on_ties_and_both_graphs_agree_bit_for_bit(seed, vocab):
@@ -175,9 +172,6 @@ def test_greedy_is_argmax_lowest_id_on_ties_and_both_graphs_agree_bit_for_bit(se
     np.testing.assert_array_equal(g_tokens, want)  # the greedy graph treats every row as greedy
     np.testing.assert_array_equal(g_tokens[greedy_rows], tokens[greedy_rows])
     np.testing.assert_array_equal(g_match, g_tokens == feeds["draft"])
-
-
-# -- determinism and independence of rows ------------------------------------------------------
 
 
 @fast
@@ -224,9 +218,6 @@ def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows
         np.testing.assert_array_equal(out[3][covered], full[3][covered])  # candidate sets
 
 
-# -- against the numpy reference ---------------------------------------------------------------
-
-
 def _agreement(feeds, vocab):
     tokens, match, u, keep, lo = run(feeds, vocab)
     ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, details=True)
@@ -254,8 +245,6 @@ def test_tokens_equal_the_numpy_reference_on_at_least_99_9_percent_of_4000_rows(
     same = np.concatenate([_agreement(random_feeds(rng, 1000, vocab, gumbel_share=1.0), vocab) for vocab in VOCABS])
     assert same.mean() >= 0.999, same.mean()
 
-
-# -- statistics ----------------------------------------------------------------------------------
 
 CHI2_999 = {7: 24.32, 15: 37.70}  # chi-square 0.999 quantiles by degrees of freedom
 
@@ -425,7 +414,7 @@ def test_the_three_forms_of_the_hash_agree():
 
 
 def test_noise_keys_stay_in_the_ranges_the_graph_declares():
-    from sf_trt.graph_ranges import declared_ranges
+    from sf_trt.graphs.ranges import declared_ranges
 
     keys, positions = some_rows(4096, 4)
     add, mul = V.noise_keys(keys, positions)
@@ -437,9 +426,6 @@ def test_noise_keys_stay_in_the_ranges_the_graph_declares():
     # the token states are distinct (a bijection of [0, 2**24), checked here on 2**20 ids)
     a, b = V.token_states(2**20)
     assert np.unique(a.astype(np.int64) * V.LIMB + b).size == 2**20
-
-
-# -- match -------------------------------------------------------------------------------------
 
 
 @fast
@@ -459,53 +445,8 @@ def test_match_is_tokens_equal_draft_and_minus_one_never_matches(seed, vocab):
     assert run(feeds, vocab)[1][3:].any()
 
 
-# -- the runner --------------------------------------------------------------------------------
-
-
 def sample_rows(feeds) -> SampleRows:
     return SampleRows(**{k: feeds[k] for k in SAMPLE_FIELDS})
-
-
-def test_sampler_picks_the_cheapest_graph_and_draws_what_the_full_graph_draws():
-    vocab = 37
-    sampler = OrtVerifySampler(vocab, top_k_limit=TOPK_LIMIT)
-    rng = np.random.default_rng(7)
-    feeds = random_feeds(rng, 24, vocab)
-    cases = {
-        "greedy": dict(mode=0),
-        "gumbel": dict(top_k=0, top_p=1.0),
-        "gumbel+top_k": dict(top_p=1.0),
-        "gumbel+top_p": dict(top_k=0),
-        "gumbel+top_k+top_p": {},
-    }
-    for which, override in cases.items():
-        f = dict(feeds)
-        for name, value in override.items():
-            f[name] = np.full(24, value, f[name].dtype)
-        if which != "greedy":
-            f["top_k"] = np.where(f["mode"] == 1, f["top_k"], 5)  # greedy rows' params never matter
-            f["top_p"] = np.where(f["mode"] == 1, f["top_p"], np.float32(0.3))
-        sample = sample_rows(f)
-        assert sampler.session_for(sample) == which
-        tokens, match = sampler.run(f["logits"], sample)
-        assert tokens.dtype == np.int64 and match.dtype == np.bool_ and tokens.shape == (24,)
-        np.testing.assert_array_equal(tokens, run(f, vocab)[0])
-        np.testing.assert_array_equal(match, tokens == f["draft"])
-
-
-def test_sampler_converts_dtypes_and_layouts_and_handles_no_rows():
-    vocab = 37
-    sampler = OrtVerifySampler(vocab, top_k_limit=TOPK_LIMIT)
-    tokens, match = sampler.run(np.zeros((0, vocab), np.float32), SampleRows.empty())
-    assert tokens.shape == (0,) and tokens.dtype == np.int64 and match.shape == (0,) and match.dtype == np.bool_
-    rng = np.random.default_rng(3)
-    feeds = random_feeds(rng, 10, vocab)
-    want = sampler.run(feeds["logits"], sample_rows(feeds))
-    wide = np.asfortranarray(np.concatenate([feeds["logits"], feeds["logits"]], axis=1).astype(np.float64))[:, :vocab]
-    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_key" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
-    got = sampler.run(wide, sample_rows(odd))
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_optimization_level_and_threads_change_no_bit():

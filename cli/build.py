@@ -1,12 +1,5 @@
 """``sf-trt build``: check ONNX graphs against TensorRT's parser, build engines.
 
-Mounted by ``sf_trt/cli.py`` as the ``build`` subcommand::
-
-    from sf_trt.export.trt_cli import add_build_parser, run_build
-    add_build_parser(subparsers)          # adds "build", sets func=run_build
-
-and runnable alone as ``python -m export.trt_cli [--check] PATH ...``.
-
 Exit codes: 0 all graphs supported (and built); 1 a graph is refused or a build
 failed (the offending nodes are listed); 2 bad command line or unreadable input.
 """
@@ -21,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["add_build_parser", "run_build", "main"]
+__all__ = ["add_build_parser", "run_build"]
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 
@@ -57,15 +50,15 @@ def add_build_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from .trt_build import BuildConfig
-    from .trt_support import DEFAULT_MAX_OPSET
+    from sf_trt.export.trt_config import PRECISIONS, BuildConfig
+    from sf_trt.export.trt_support import DEFAULT_MAX_OPSET
 
     d = BuildConfig()
     p.add_argument("paths", nargs="*", metavar="DIR|ONNX", help="ONNX files, or directories of *.onnx files")
     p.add_argument("--check", action="store_true", help="only check the graphs against TensorRT's ONNX parser support")
-    p.add_argument("--registry", action="store_true", help="also take every graph export/ builds (export.registry.GRAPHS)")
+    p.add_argument("--registry", action="store_true", help="also take every graph sf_trt builds (sf_trt.export.registry.GRAPHS)")
     p.add_argument("--out", default="engines", help="engine directory (default: engines/)")
-    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default=d.precision, help=f"default: {d.precision} (the verify graph is always fp32)")
+    p.add_argument("--precision", choices=PRECISIONS, default=d.precision, help=f"default: {d.precision} (the verify graph is always fp32)")
     p.add_argument("--workspace", type=_bytes, default=d.workspace_bytes, help="workspace memory-pool limit (default: 1G)")
     p.add_argument("--timing-cache", default=None, help="timing cache file, read if present and written after the build")
     p.add_argument("--max-rows", type=_positive, default=d.max_rows_per_pass, help=f"rows per pass (default: {d.max_rows_per_pass})")
@@ -99,7 +92,7 @@ def _collect(paths: Sequence[str]) -> tuple[list[Path], list[str]]:
 def _registry_files(dest: Path, err) -> list[Path]:
     import onnx
 
-    from .registry import GRAPHS
+    from sf_trt.export.registry import GRAPHS
 
     files = []
     for name, make in GRAPHS.items():
@@ -118,9 +111,6 @@ def run_build(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``sf-trt build`` on parsed ``args``; returns the exit code."""
     out = out or (lambda s: print(s, file=sys.stdout))
     err = err or (lambda s: print(s, file=sys.stderr))
-    from .trt_build import BuildConfig, BuildError, build_engine
-    from .trt_support import check_file, errors_in, format_findings
-
     files, problems = _collect(args.paths)
     for p in problems:
         err(f"sf-trt build: error: {p}")
@@ -134,80 +124,68 @@ def run_build(args: argparse.Namespace, *, out=None, err=None) -> int:
         if not files:
             err("sf-trt build: error: no graphs given (pass ONNX files, directories, or --registry)")
             return EXIT_USAGE
+        code = _check_all(files, args, out, err)  # everything, before anything is built
+        if code != EXIT_OK or args.check:
+            return code
+        return _build_all(files, args, out, err)
 
-        # 1. The op check, on everything, before anything is built.
-        refused = 0
-        for path in files:
-            try:
-                found = check_file(path, max_opset=args.max_opset, plugins=args.plugin)
-            except Exception as exc:  # a graph malformed in a way onnx itself trips on
-                err(f"sf-trt build: error: {path}: cannot check it ({type(exc).__name__}: {exc})")
-                return EXIT_USAGE
-            errors = errors_in(found)
-            if any(f.node == "<file>" for f in errors):
-                err(f"sf-trt build: error: {errors[0].problem}")
-                return EXIT_USAGE
-            shown = found if args.verbose else errors
-            status = "refused" if errors else "ok"
-            note = f" ({len(errors)} unsupported)" if errors else ""
-            out(f"{path}: {status}{note}")
-            if shown:
-                out(format_findings(shown, indent="    "))
-            refused += bool(errors)
-        if refused:
-            err(f"sf-trt build: {refused} of {len(files)} graph(s) use what TensorRT's ONNX parser does not support")
-            return EXIT_REFUSED
-        if args.check:
-            out(f"all {len(files)} graph(s) supported by TensorRT's ONNX parser")
-            return EXIT_OK
 
-        # 2. The build.
+def _check_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
+    """The op check of every graph; EXIT_OK when all are supported."""
+    from sf_trt.export.trt_support import check_file, errors_in, format_findings
+
+    refused = 0
+    for path in files:
         try:
-            cfg = BuildConfig(
-                precision=args.precision,
-                workspace_bytes=args.workspace,
-                timing_cache=args.timing_cache,
-                max_rows_per_pass=args.max_rows,
-                max_lanes=args.max_lanes,
-                max_context=args.max_context,
-                opt_rows_per_pass=args.opt_rows,
-                opt_lanes=args.opt_lanes,
-                opt_context=args.opt_context,
-            )
-        except BuildError as exc:
-            err(f"sf-trt build: error: {exc}")
+            found = check_file(path, max_opset=args.max_opset, plugins=args.plugin)
+        except Exception as exc:  # a graph malformed in a way onnx itself trips on
+            err(f"sf-trt build: error: {path}: cannot check it ({type(exc).__name__}: {exc})")
             return EXIT_USAGE
-        failed = 0
-        for path in files:
-            try:
-                build_engine(path, cfg, args.out, plugins=args.plugin, max_opset=args.max_opset, log=out)
-            except BuildError as exc:
-                err(f"sf-trt build: {path}: {exc}")
-                failed += 1
-                if str(exc).startswith("TensorRT not available"):
-                    return EXIT_REFUSED  # every other graph would fail the same way
-            except OSError as exc:
-                err(f"sf-trt build: {path}: {type(exc).__name__}: {exc}")
-                failed += 1
-        if failed:
-            return EXIT_REFUSED
-        out(f"built {len(files)} engine(s) into {args.out}/ (manifest: {Path(args.out) / 'manifest.json'})")
-        return EXIT_OK
+        errors = errors_in(found)
+        if any(f.node == "<file>" for f in errors):
+            err(f"sf-trt build: error: {errors[0].problem}")
+            return EXIT_USAGE
+        shown = found if args.verbose else errors
+        note = f" ({len(errors)} unsupported)" if errors else ""
+        out(f"{path}: {'refused' if errors else 'ok'}{note}")
+        if shown:
+            out(format_findings(shown, indent="    "))
+        refused += bool(errors)
+    if refused:
+        err(f"sf-trt build: {refused} of {len(files)} graph(s) use what TensorRT's ONNX parser does not support")
+        return EXIT_REFUSED
+    if args.check:
+        out(f"all {len(files)} graph(s) supported by TensorRT's ONNX parser")
+    return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m export.trt_cli`` and ``sf-trt build`` standalone."""
-    parser = argparse.ArgumentParser(
-        prog="sf-trt build",
-        description="Check ONNX graphs against TensorRT's ONNX parser support and build TensorRT engines.",
-    )
-    _add_arguments(parser)
+def _build_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
+    """Build every graph into ``args.out``; EXIT_OK when all were built."""
+    from sf_trt.export.trt_build import build_engine
+    from sf_trt.export.trt_config import BuildConfig, BuildError
+
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse has printed the usage error
-        return int(exc.code or 0)
-    return run_build(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        cfg = BuildConfig(
+            precision=args.precision, workspace_bytes=args.workspace, timing_cache=args.timing_cache,
+            max_rows_per_pass=args.max_rows, max_lanes=args.max_lanes, max_context=args.max_context,
+            opt_rows_per_pass=args.opt_rows, opt_lanes=args.opt_lanes, opt_context=args.opt_context,
+        )
+    except BuildError as exc:
+        err(f"sf-trt build: error: {exc}")
+        return EXIT_USAGE
+    failed = 0
+    for path in files:
+        try:
+            build_engine(path, cfg, args.out, plugins=args.plugin, max_opset=args.max_opset, log=out)
+        except BuildError as exc:
+            err(f"sf-trt build: {path}: {exc}")
+            failed += 1
+            if str(exc).startswith("TensorRT not available"):
+                return EXIT_REFUSED  # every other graph would fail the same way
+        except OSError as exc:
+            err(f"sf-trt build: {path}: {type(exc).__name__}: {exc}")
+            failed += 1
+    if failed:
+        return EXIT_REFUSED
+    out(f"built {len(files)} engine(s) into {args.out}/ (manifest: {Path(args.out) / 'manifest.json'})")
+    return EXIT_OK

@@ -25,7 +25,7 @@ The noise keys are :func:`noise_keys` of the row's ``rng_key`` (the lane's
 ``rng_counter_base``, ``0 <= key < 2**63``) and ``position`` (of the token drawn,
 ``0 <= position < 2**31``), computed on the host in exact 64-bit integer code;
 :func:`sample_feeds` turns :class:`sf_trt.primitives.SampleRows` into every input but
-``logits``. The graph states their ranges in its metadata (:mod:`sf_trt.graph_ranges`).
+``logits``. The graph states their ranges in its metadata (:mod:`sf_trt.graphs.ranges`).
 
 Outputs: ``tokens`` int64 ``[R]``, ``match`` bool ``[R]`` (``tokens == draft``).
 
@@ -73,7 +73,7 @@ ranges it declares. Wide mixing runs where integers are exact everywhere, on the
   (with 24 hash bits ``(h + 0.5) / 2**24`` would need 25 bits and could round to 1.0,
   making ``g`` infinite).
 
-The quality tests (tests/test_verify_graph.py) hold it to the 0.999 chi-square quantile
+The quality tests (tests/graphs/test_verify.py) hold it to the 0.999 chi-square quantile
 for uniformity of ``u``, independence of adjacent positions, keys and tokens, uniform
 argmax over a row's tokens, and sampled frequencies against the softmax.
 
@@ -98,7 +98,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from sf_trt.graph_ranges import declare_ranges
+from ..abi import Sampling
+from .builder import OPSET
+from .ranges import declare_ranges
 
 __all__ = [
     "OPSET", "ROWS", "LOGITS", "SAMPLE_FIELDS", "NOISE_ADD", "NOISE_MUL", "SAMPLE_INPUTS", "INPUTS",
@@ -108,9 +110,8 @@ __all__ = [
     "noise_keys", "sample_feeds", "token_states", "hash_u", "hash_bits", "reference_verify_sample",
 ]
 
-OPSET = 17
 ROWS = "rows"
-"""The dynamic dim's name (a role in ``export.trt_build.DIM_ROLES``)."""
+"""The dynamic dim's name (a role in :data:`sf_trt.formats.shapes.DIM_ROLES`)."""
 LOGITS = "logits"
 SAMPLE_FIELDS = ("mode", "temperature", "top_p", "top_k", "draft")
 """The inputs fed straight from the :class:`sf_trt.primitives.SampleRows` fields of that name."""
@@ -124,9 +125,10 @@ OUTPUTS = (TOKENS, MATCH)
 DEBUG_OUTPUTS = ("u", "keep", "lo")
 """Extra outputs of ``build_verify_graph(..., debug=True)``: ``u`` float32 ``[R, Vp]``,
 ``keep`` bool ``[R, Vp]`` (the candidate set of a Gumbel row), ``lo`` float32 ``[R, 1]``."""
-GREEDY, GUMBEL = 0, 1
+GREEDY, GUMBEL = int(Sampling.GPU_GREEDY), int(Sampling.GPU_GUMBEL)
 TOPK_MAX_K = 3840
-"""TensorRT's TopK takes ``K < 3840``."""
+"""TensorRT's TopK takes ``K < 3840`` (its ONNX parser's TopK importer); stated here, where the
+graph is built, and checked by ``sf_trt.export.trt_support`` too."""
 PAD_TO = 16
 BISECT_STEPS = 24
 BISECT_SPAN = 48.0
@@ -358,7 +360,7 @@ def _check_vocab(fn: str, vocab: int) -> None:
 
 
 def _declare_ranges(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The noise keys' ranges, which bound every integer the hash computes (sf_trt.graph_ranges)."""
+    """The noise keys' ranges, which bound every integer the hash computes (sf_trt.graphs.ranges)."""
     return declare_ranges(model, inputs={NOISE_ADD: (0, LIMB - 1), NOISE_MUL: MUL_RANGE})
 
 
@@ -372,7 +374,7 @@ def build_greedy_graph(vocab: int) -> onnx.ModelProto:
     b.named("Equal", [tok, "draft"], MATCH)  # [R]
     inputs, outputs = _io(vocab)
     graph = helper.make_graph(b.nodes, "verify_greedy", inputs, outputs, b.inits)
-    return _declare_ranges(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.export.verify"))
+    return _declare_ranges(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify"))
 
 
 def build_verify_graph(
@@ -488,7 +490,7 @@ def build_verify_graph(
             helper.make_tensor_value_info("lo", TensorProto.FLOAT, [ROWS, 1]),
         ]
     graph = helper.make_graph(b.nodes, "verify", inputs, outputs, b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.export.verify")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify")
     model.metadata_props.add(key="top_k_limit", value=str(int(top_k_limit)))
     return _declare_ranges(model)
 

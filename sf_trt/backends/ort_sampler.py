@@ -1,4 +1,4 @@
-"""Verify-and-sample on onnxruntime: the graphs of :mod:`export.verify`, run on the CPU.
+"""Verify-and-sample on onnxruntime: the graphs of :mod:`sf_trt.graphs.verify`, run on the CPU.
 
 :class:`OrtVerifySampler` holds sessions for the verify graph and its cheaper
 variants and runs, per call, the cheapest one that covers every row:
@@ -9,21 +9,20 @@ variants and runs, per call, the cheapest one that covers every row:
 * otherwise the full graph.
 
 Each variant draws bit-for-bit what the full graph draws on the rows it covers
-(``tests/test_verify_graph.py`` checks it), so which one ran, which depends on the
+(``tests/backends/test_ort_sampler.py`` checks it), so which one ran, which depends on the
 other rows of the batch, never changes a row's token (SPEC behaviour 3).
 Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts
-(:func:`sf_trt.export.verify.sample_feeds`: the fields, and the row's noise keys from its
+(:func:`sf_trt.graphs.verify.sample_feeds`: the fields, and the row's noise keys from its
 ``rng_key`` and ``position``).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 
-from sf_trt.export import verify as _verify
-
-from .primitives import SampleRows
+from .ort_session import open_session
+from ..graphs import verify as _verify
+from ..primitives import SampleRows
 
 __all__ = ["OrtVerifySampler"]
 
@@ -38,19 +37,15 @@ class OrtVerifySampler:
         self.vocab = int(vocab)
         self.top_k_limit = int(top_k_limit)
         self.threads = int(threads)
-        self._opts = ort.SessionOptions()
-        self._opts.intra_op_num_threads = self.threads
-        self._opts.inter_op_num_threads = 1
-        self._opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self._greedy = self._session(_verify.build_greedy_graph(self.vocab))
         self._full = self._session(_verify.build_verify_graph(self.vocab, self.top_k_limit))
         # (top_k used, top_p used) -> session; built on first use.
-        self._variants: dict[tuple[bool, bool], ort.InferenceSession] = {(True, True): self._full}
+        self._variants = {(True, True): self._full}
 
-    def _session(self, model) -> ort.InferenceSession:
-        return ort.InferenceSession(model.SerializeToString(), self._opts, providers=["CPUExecutionProvider"])
+    def _session(self, model):
+        return open_session(model, threads=self.threads)
 
-    def _variant(self, top_k: bool, top_p: bool) -> ort.InferenceSession:
+    def _variant(self, top_k: bool, top_p: bool):
         key = (top_k, top_p)
         if key not in self._variants:
             self._variants[key] = self._session(

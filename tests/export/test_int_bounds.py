@@ -1,5 +1,5 @@
 """Integer arithmetic that no backend can compute wrongly (export/int_bounds.py, the graphs'
-declared ranges in sf_trt/graph_ranges.py, export/OPS.md "Integer arithmetic").
+declared ranges in sf_trt/graphs/ranges.py, export/OPS.md "Integer arithmetic").
 
 Three things are checked, none needing TensorRT:
 
@@ -25,11 +25,11 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from int_emulation import ARITHMETIC, float32_integer_arithmetic, integer_nodes
-from sf_trt.export import verify as V
-from sf_trt.export.copy_model import build_copy_graph
+from sf_trt.graphs import verify as V
+from sf_trt.graphs.copy_model import build_copy_graph
 from sf_trt.export.int_bounds import EXACT_LIMIT, INT_TYPES, Interval, arithmetic_findings, integer_bounds
 from sf_trt.export.registry import GRAPHS
-from sf_trt.graph_ranges import RANGES_KEY, declare_ranges, declared_ranges
+from sf_trt.graphs.ranges import RANGES_KEY, declare_ranges, declared_ranges
 from sf_trt.primitives import SampleRows
 
 VOCAB, TOPK_LIMIT = 512, 64  # the registry's verify graph
@@ -76,7 +76,7 @@ def test_the_verify_hash_is_all_integer_arithmetic_and_its_largest_value_is_as_d
     bounds = integer_bounds(model)
     largest = max(bounds[o].hi for n in nodes for o in n.output)
     # the worst case over any vocabulary is t = A + p + p div 4096 = 4095 + 16764930 + 4093
-    # (export/verify.py); this vocabulary's token states keep it a little smaller
+    # (sf_trt/graphs/verify.py); this vocabulary's token states keep it a little smaller
     assert 16_700_000 < largest <= 16773118 < 2**24
 
 
@@ -179,7 +179,8 @@ def runnable(name: str) -> onnx.ModelProto:
     be scalars", on main as well); the integer ops are the same."""
     if name != "decoder":
         return GRAPHS[name]()
-    from sf_trt.export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
     return build_decoder_graph(cfg, random_llama_weights(cfg, seed=0), max_lanes=2)

@@ -1,15 +1,7 @@
-"""The TensorRT op check (export/trt_support.py) and ``sf-trt build --check``.
-
-Every graph export/ builds must pass; each hand-made graph below uses one thing
-TensorRT's ONNX parser refuses, and must be refused with its node named.
-None of this needs TensorRT.
-"""
+"""The TensorRT op-support check (sf_trt.export.trt_support): what the parser takes, refused by node."""
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,21 +10,18 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-
 from sf_trt.export.registry import GRAPHS
-from sf_trt.export.trt_cli import main as cli_main
-from sf_trt.graph_ranges import declare_ranges
-from sf_trt.export.trt_support import OP_RULES, TOPK_MAX_K, UNSUPPORTED_OPS, check_dir, check_graph, errors_in
+from sf_trt.export.trt_support import (
+    OP_RULES,
+    TOPK_MAX_K,
+    UNSUPPORTED_OPS,
+    check_dir,
+    check_graph,
+    errors_in,
+)
+from sf_trt.graphs.ranges import declare_ranges
 
-ROOT = Path(__file__).resolve().parents[1]
-BUILDER_MODULE = {"verify": "sf_trt.export.verify", "copy_model": "sf_trt.export.copy_model", "decoder": "sf_trt.export.decoder"}
-
-
-def registry_graph(name: str) -> onnx.ModelProto:
-    module = BUILDER_MODULE.get(name)
-    if module and importlib.util.find_spec(module) is None:
-        pytest.skip(f"registry graph {name!r}: its builder {module.replace('.', '/')}.py is not written yet")
-    return GRAPHS[name]()
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def model(nodes, inputs, outputs, inits=(), opset=17, extra_domains=(), functions=()):
@@ -50,21 +39,21 @@ def i64(name, value):
 
 
 X = vi("x", T.FLOAT, ["rows", 512])
+
+
 XI = vi("xi", T.INT64, ["rows"])
+
+
 Y = vi("y", T.FLOAT, None)
+
+
 YI = vi("yi", T.INT64, None)
-
-
-# -- the graphs export/ builds ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_every_registry_graph_passes_the_op_check(name):
-    found = errors_in(check_graph(registry_graph(name)))
+    found = errors_in(check_graph(GRAPHS[name]()))
     assert found == [], "\n".join(map(str, found))
-
-
-# -- refusals, one per thing the parser refuses ----------------------------------------------
 
 
 def _bitshift():
@@ -250,60 +239,10 @@ def test_check_dir_reports_per_file(tmp_path):
     assert result["good.onnx"] == [] and errors_in(result["bad.onnx"])
 
 
-# -- the CLI ---------------------------------------------------------------------------
-
-
-def test_cli_check_exit_codes(tmp_path, capsys):
-    good, bad = tmp_path / "good", tmp_path / "bad"
-    good.mkdir(), bad.mkdir()
-    onnx.save(model([h.make_node("Relu", ["x"], ["y"], name="relu")], [X], [Y]), good / "relu.onnx")
-    onnx.save(_topk_k4000(), bad / "topk.onnx")
-    onnx.save(_bitshift(), bad / "shift.onnx")
-
-    assert cli_main(["--check", str(good)]) == 0
-    assert "supported" in capsys.readouterr().out
-
-    assert cli_main(["--check", str(good), str(bad)]) == 1
-    out = capsys.readouterr()
-    assert "topk_big" in out.out and "hash_shift" in out.out and "relu.onnx: ok" in out.out
-    assert "2 of 3 graph(s)" in out.err
-
-    assert cli_main(["--check", str(tmp_path / "missing")]) == 2
-    assert "no such file" in capsys.readouterr().err
-    (tmp_path / "junk.onnx").write_bytes(b"not a model")
-    assert cli_main(["--check", str(tmp_path / "junk.onnx")]) == 2
-    assert "cannot load" in capsys.readouterr().err
-    assert cli_main(["--check"]) == 2  # nothing to check
-    assert cli_main(["--check", "--max-opset", "zero", str(good)]) == 2  # argparse refusal, no traceback
-    capsys.readouterr()
-
-
-def test_cli_check_refuses_an_unbounded_integer_mod_naming_it(tmp_path, capsys):
-    onnx.save(_unbounded_int64_mod(), tmp_path / "mod.onnx")
-    assert cli_main(["--check", str(tmp_path)]) == 1
-    out = capsys.readouterr().out
-    assert "key_mod (Mod)" in out and "2**24" in out and "#4702" in out
-
-
 def test_a_graph_with_unproven_integer_arithmetic_other_than_division_gets_a_warning():
     m = model([h.make_node("Mul", ["xi", "xi"], ["yi"], name="square")], [XI], [YI])
     found = check_graph(m)
     assert errors_in(found) == [] and [(f.node, f.severity) for f in found] == [("square", "warning")]
-
-
-def test_cli_check_registry(capsys):
-    rc = cli_main(["--check", "--registry"])
-    out = capsys.readouterr()
-    assert rc == 0, out.out + out.err
-
-
-def test_python_dash_m_runs_standalone(tmp_path):
-    onnx.save(_cumsum_runtime_axis(), tmp_path / "cdf.onnx")
-    proc = subprocess.run(
-        [sys.executable, "-m", "sf_trt.export.trt_cli", "--check", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert "cdf (CumSum)" in proc.stdout and "Traceback" not in proc.stderr
 
 
 def test_local_function_findings_name_the_call_site():

@@ -1,27 +1,4 @@
-"""Bit-exactness of rows: a row computed alone equals the same row inside any pass.
-
-Speculative decoding emits exactly what plain decoding emits only if the logits
-of a row do not depend on how many rows share its pass, which lanes they belong
-to, or how the rows are ordered. Each test runs the same lanes' tokens through
-several schedules (one row per pass; chunks of R rows; lanes mixed in one pass
-with different row counts, in changing orders) and requires the float32 bit
-patterns of every row's logits to be identical to plain decoding's.
-
-What this covers in onnxruntime (CPU, MLAS): GEMMs with M = 1 against M > 1,
-every graph optimization level (including the fusions ORT_ENABLE_ALL applies:
-FusedMatMul, SimplifiedLayerNormalization, QuickGelu), 1 and 2 intra-op
-threads, both graph forms, contiguous and copied cache slots, padding rows
-beside real ones, one forward split into several runs, int8 weights (fused
-into MatMulNBits), and a model without GQA.
-
-Findings: weight matmuls (constant, prepacked right operand) give the same
-rows at M = 1 and M > 1, so no pass needs padding to 2 rows. A matmul whose
-right operand is computed at run time does not: MLAS takes another path at
-M = 1 (seen without GQA, where a decode row's attention matmul has M = 1, and
-with int8 weights left unfused below ORT_ENABLE_EXTENDED). The graph keeps the
-attention matmuls at M >= 2 (group * T rows; queries doubled without GQA) and
-the backend refuses int8 weights below ORT_ENABLE_EXTENDED.
-"""
+"""Rows of a pass are bit-identical however the pass is packed: the decoder on onnxruntime, every optimization level, tiny and real."""
 
 from __future__ import annotations
 
@@ -117,18 +94,18 @@ TEXTS = [
 
 
 @pytest.mark.slow
-def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules):
+def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules, real_tokenizer):
     """SmolLM2-135M (30 layers, 49152-token lm_head): the same schedules, bit for bit."""
-    tok = real_prims.tokenizer
+    tok = real_tokenizer
     sched = schedules({lane: np.asarray(tok.encode(t)[:12], np.int64) for lane, t in enumerate(TEXTS)})
     assert all(len(s) == 12 for s in sched.seqs.values())
     assert_rows_exact(real_prims, sched)
 
 
 @pytest.mark.slow
-def test_real_int8_model_rows_are_exact(real_int8_model_dir, schedules):
+def test_real_int8_model_rows_are_exact(real_int8_model_dir, schedules, real_tokenizer):
     with OrtDecoderPrimitives(real_int8_model_dir, max_lanes=3, max_context=128) as prims:
-        tok = prims.tokenizer
+        tok = real_tokenizer
         sched = schedules({lane: np.asarray(tok.encode(t)[:8], np.int64) for lane, t in enumerate(TEXTS)})
         plain = sched.run(prims, sched.plain())
         for schedule in (sched.chunked(3), sched.mixed([1, 4, 7], lambda k: [2, 0, 1])):

@@ -1,4 +1,4 @@
-"""The command line: real runs on the default model, and bad input refused in one line."""
+"""``sf-trt generate`` and the flags every command shares: runs, refusals, exit codes."""
 
 from __future__ import annotations
 
@@ -89,28 +89,3 @@ def test_generate_json_is_the_same_with_and_without_speculation():
     assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
     assert plain["proposed"] == 0 and spec["proposed"] > 0
     assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"
-
-
-@pytest.mark.slow
-def test_bench_reports_identical_outputs(tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(
-        json.dumps({"id": "copy", "messages": [{"role": "user", "content": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}], "max_tokens": 20}) + "\n"
-        + json.dumps({"id": "ids", "prompt_ids": [100, 200, 300, 100, 200], "max_tokens": 12}) + "\n"
-    )
-    proc = sf_trt("bench", "--prompts", str(prompts), "--lanes", "2", "--json", check=True)
-    report = json.loads(proc.stdout)
-    assert [r["id"] for r in report["results"]] == ["copy", "ids"]
-    for r in report["results"]:
-        assert r["identical"] is True
-        assert r["plain"]["tokens"] == r["spec"]["tokens"] > 0
-        assert r["plain"]["tokens_per_s"] > 0 and r["spec"]["tokens_per_s"] > 0
-
-
-def test_bad_prompt_files_are_refused(tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "x"}\n')
-    assert "exactly one of messages, prompt, prompt_ids" in refused("bench", "--prompts", str(bad))
-    bad.write_text("{not json\n")
-    assert "not JSON" in refused("bench", "--prompts", str(bad))
-    assert "cannot read" in refused("bench", "--prompts", str(tmp_path / "missing.jsonl"))
