@@ -63,10 +63,11 @@ ranges it declares. Wide mixing runs where integers are exact everywhere, on the
 * per (row, token), on ``[R, Vp]``: three Feistel rounds
   ``(A, B) -> (B, (A + F_i(B)) mod 4096)`` with ``F_i(B) = lo(p) + hi(p)``,
   ``p = (B + a_i) * m_i < 8192 * 2048 = 2**24`` (``lo``/``hi`` the product's low and
-  high 12 bits): the fold is linear modulo 4095 and the state adds modulo 4096, so the
-  two groups do not commute (the way IDEA mixes its operations); computed as
-  ``t = A + p + p div 4096 <= 4095 + 16764930 + 4093 < 2**24``, ``t mod 4096 = t - 4096 * (t div 4096)``. Each
-  row's map is a bijection of the 2**24 states, so distinct tokens never share a state;
+  high 12 bits): the fold is linear modulo 4095 and the state adds modulo 4096, two
+  operations that do not mix linearly (IDEA's idea, in miniature); computed as
+  ``t = A + p + p div 4096 <= 4095 + 16764930 + 4093 < 2**24`` and
+  ``t mod 4096 = t - 4096 * (t div 4096)``. A Feistel round is a bijection whatever
+  ``F`` is, so each row maps distinct tokens to distinct states;
 * ``h = (B div 2) * 4096 + A`` in ``[0, 2**23)`` (the top bits come from the last
   round, so every key affects them), and ``u = (h + 0.5) * 2**-23 = (2h + 1) / 2**24``
   in float32: 24 significant bits, so ``u`` is exact and ``2**-24 <= u <= 1 - 2**-24``
