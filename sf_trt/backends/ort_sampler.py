@@ -67,8 +67,9 @@ class OrtVerifySampler:
         k = sample.num_rows
         if k == 0:
             return np.zeros(0, np.int64), np.zeros(0, bool)
-        feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **_verify.sample_feeds(sample)}
         which = self.session_for(sample)
+        # the greedy graph reads no noise: skip hashing the rows' keys for it
+        feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **_verify.sample_feeds(sample, noise=which != "greedy")}
         if which == "greedy":
             sess = self._greedy
         else:

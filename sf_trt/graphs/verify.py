@@ -149,6 +149,7 @@ _INPUT_TYPES = {
     NOISE_MUL: TensorProto.INT32, "draft": TensorProto.INT64,
 }
 _NUMPY_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32}
+_FIELD_DTYPES = tuple((n, _NUMPY_TYPES[_INPUT_TYPES[n]]) for n in SAMPLE_FIELDS)
 
 
 def padded_vocab(vocab: int) -> int:
@@ -181,7 +182,8 @@ _U64 = {name: np.uint64(v) for name, v in (
     ("33", 33), ("f0", _FMIX[0]), ("f1", _FMIX[1]), ("key", _KEY_SALT), ("pmul", _POS_MUL), ("psalt", _POS_SALT),
 )}
 _SHIFTS = np.array(_ADD_SHIFTS + _MUL_SHIFTS, np.uint64)
-_MASKS = np.array([LIMB - 1] * ROUNDS + [511] * ROUNDS, np.uint64)
+_MASK_LIST = (LIMB - 1,) * ROUNDS + (511,) * ROUNDS
+_MASKS = np.array(_MASK_LIST, np.uint64)
 
 
 def _fmix64(z: np.ndarray) -> np.ndarray:
@@ -194,13 +196,37 @@ def _fmix64(z: np.ndarray) -> np.ndarray:
     return z
 
 
+def _fmix64_int(z: int) -> int:
+    """:func:`_fmix64` of one value, in Python ints."""
+    z ^= z >> 33
+    z = (z * _FMIX[0]) & _M64
+    z ^= z >> 33
+    z = (z * _FMIX[1]) & _M64
+    return z ^ (z >> 33)
+
+
+def _row_hash(key: int, position: int) -> int:
+    """The row's 64-bit hash, in Python ints (:func:`noise_keys` in numpy for many rows)."""
+    return _fmix64_int(_fmix64_int((key + _KEY_SALT) & _M64) ^ ((position * _POS_MUL + _POS_SALT) & _M64))
+
+
+_FEW_ROWS = 4
+"""Up to this many rows, :func:`noise_keys` hashes in Python ints: cheaper than ~30 numpy calls."""
+
+
 def noise_keys(rng_key, position) -> tuple[np.ndarray, np.ndarray]:
     """The graph's ``(noise_add, noise_mul)``, int32 ``[R, ROUNDS]`` each, for rows with
     these ``rng_key`` (``0 <= key < 2**63``) and ``position`` (``0 <= position < 2**31``):
     fields of ``fmix64(fmix64(key + c0) ^ (position * c1 + c2))``, bits 0..35 the additive
     keys, bits 36..62 the multipliers' 9-bit indices."""
-    key = np.asarray(rng_key, np.int64).reshape(-1).astype(np.uint64)
-    pos = np.asarray(position, np.int64).reshape(-1).astype(np.uint64)
+    key = np.asarray(rng_key, np.int64).reshape(-1)
+    pos = np.asarray(position, np.int64).reshape(-1)
+    if key.size <= _FEW_ROWS:
+        rows = [_row_hash(k, p) for k, p in zip(key.tolist(), pos.tolist())]
+        fields = np.array([[(z >> s) & m for s, m in zip(_ADD_SHIFTS + _MUL_SHIFTS, _MASK_LIST)] for z in rows], np.int32)
+        fields = fields.reshape(-1, 2 * ROUNDS)
+        return fields[:, :ROUNDS], fields[:, ROUNDS:] * 2 + MUL_RANGE[0]
+    key, pos = key.astype(np.uint64), pos.astype(np.uint64)
     key += _U64["key"]
     pos *= _U64["pmul"]
     pos += _U64["psalt"]
@@ -209,12 +235,18 @@ def noise_keys(rng_key, position) -> tuple[np.ndarray, np.ndarray]:
     return fields[:, :ROUNDS], fields[:, ROUNDS:] * 2 + MUL_RANGE[0]
 
 
-def sample_feeds(sample) -> dict[str, np.ndarray]:
+def sample_feeds(sample, *, noise: bool = True) -> dict[str, np.ndarray]:
     """Every input of the verify graph but ``logits``, by name and in the graph's dtypes,
-    from a :class:`sf_trt.primitives.SampleRows` (or anything with its fields)."""
-    feeds = {n: np.ascontiguousarray(getattr(sample, n), dtype=_NUMPY_TYPES[_INPUT_TYPES[n]]) for n in SAMPLE_FIELDS}
-    feeds[NOISE_ADD], feeds[NOISE_MUL] = noise_keys(sample.rng_key, sample.position)
-    return {n: feeds[n] for n in SAMPLE_INPUTS}
+    from a :class:`sf_trt.primitives.SampleRows` (or anything with its fields).
+
+    ``noise=False`` fills the noise keys with zeros instead of hashing ``rng_key`` and
+    ``position``: for :func:`build_greedy_graph`, which reads neither."""
+    feeds = {n: np.ascontiguousarray(getattr(sample, n), dtype=dtype) for n, dtype in _FIELD_DTYPES}
+    if noise:
+        feeds[NOISE_ADD], feeds[NOISE_MUL] = noise_keys(sample.rng_key, sample.position)
+    else:
+        feeds[NOISE_ADD] = feeds[NOISE_MUL] = np.zeros((len(feeds["mode"]), ROUNDS), np.int32)
+    return feeds  # by name: the order of SAMPLE_INPUTS does not matter to a session
 
 
 def token_states(vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -269,16 +301,8 @@ def hash_u(rng_key: np.ndarray, position: np.ndarray, vocab: int) -> np.ndarray:
 
 def hash_bits(key: int, position: int, token: int) -> int:
     """The hash ``h`` of one (key, position, token), in Python ints, written independently of
-    the numpy and ONNX forms (tests compare the three)."""
-
-    def fmix(z: int) -> int:
-        z ^= z >> 33
-        z = (z * _FMIX[0]) & _M64
-        z ^= z >> 33
-        z = (z * _FMIX[1]) & _M64
-        return z ^ (z >> 33)
-
-    z = fmix(fmix((key + _KEY_SALT) & _M64) ^ ((position * _POS_MUL + _POS_SALT) & _M64))
+    the numpy and ONNX forms of the token states and the rounds (tests compare the three)."""
+    z = _row_hash(key, position)
     x = token
     for mul, add, shift in _TOKEN_STEPS:
         x = (x * mul + add) % MAX_VOCAB

@@ -461,3 +461,17 @@ def test_optimization_level_and_threads_change_no_bit():
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a, b)
+
+
+def test_noise_keys_are_the_same_for_few_rows_and_for_many():
+    """Up to a few rows they are hashed in Python ints, beyond in numpy: the same keys."""
+    keys, positions = some_rows(64, 5)
+    add, mul = V.noise_keys(keys, positions)
+    for r in range(0, 64, 3):
+        for n in (1, 2, 4):
+            few = V.noise_keys(keys[r : r + n], positions[r : r + n])
+            np.testing.assert_array_equal(few[0], add[r : r + n])
+            np.testing.assert_array_equal(few[1], mul[r : r + n])
+            assert few[0].dtype == few[1].dtype == np.int32
+    empty = V.noise_keys(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert empty[0].shape == empty[1].shape == (0, V.ROUNDS)
