@@ -117,11 +117,10 @@ class _Analysis:
         self.undeclared: set[str] = set()  # integer inputs without a declared range
         for t in g.initializer:
             self.types.setdefault(t.name, t.data_type)
-            arr = numpy_helper.to_array(t) if not (t.data_location == TensorProto.EXTERNAL and not t.raw_data) else None
-            if arr is not None:
+            if t.data_type in INT_TYPES and not (t.data_location == TensorProto.EXTERNAL and not t.raw_data):
+                arr = numpy_helper.to_array(t)  # integer constants only: float weights can be large
                 self.values[t.name] = arr
-                if t.data_type in INT_TYPES:
-                    self.bounds[t.name] = _of_array(arr)
+                self.bounds[t.name] = _of_array(arr)
         for vi in g.input:
             self.values.pop(vi.name, None)  # an input shadows an initializer of the same name
             elem = self.types.get(vi.name)
