@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from sf_trt.abi import Finish
+
 from .flags import add_model_flags, add_sampling_flags, sampling
 from .launch import context_for, open_backend, resolve
 
@@ -75,10 +77,13 @@ def cmd_generate(args) -> int:
         print(json.dumps({
             "tokens": res.tokens, "text": tok.decode(res.tokens, skip_special=True), "finish": res.finish.name.lower(),
             "prompt_tokens": res.prompt_tokens, "seconds": round(res.seconds, 4), "tokens_per_s": round(res.tokens_per_s, 2),
-            "proposed": res.proposed, "accepted": res.accepted,
+            "proposed": res.proposed, "accepted": res.accepted, "error": res.error,
         }))
     else:
         sys.stdout.write(stream.flush() + "\n")
         print(f"[{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, finish {res.finish.name.lower()}, "
               f"drafts {res.accepted}/{res.proposed} accepted]", file=sys.stderr)
+    if res.finish == Finish.ERROR:
+        print(f"sf-trt: generation failed after {len(res.tokens)} tokens: {res.error}", file=sys.stderr)
+        return 1
     return 0

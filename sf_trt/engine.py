@@ -11,7 +11,7 @@ anything runs (:mod:`sf_trt.executor`). A tick answers with :class:`Events`: one
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 import numpy as np
 
@@ -168,6 +168,11 @@ class Emit:
     spec: SpecCounts
     passes: int = 0
     """Decode passes (forward + verify) this lane took part in during the tick."""
+    error: Optional[str] = None
+    """What failed, when a backend primitive raised for this lane during the tick:
+    ``"<op> (lanes 1, 4): <exception type>: <message>"``. ``finish`` is then
+    ``Finish.ERROR``, except after a failed release, which ends no output (the lane
+    keeps the finish it had; see :class:`~sf_trt.executor.Executor`)."""
 
 
 class Events:

@@ -89,3 +89,38 @@ def test_generate_json_is_the_same_with_and_without_speculation():
     assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
     assert plain["proposed"] == 0 and spec["proposed"] > 0
     assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--top-k", "5000"], "admit(lane=0): top_k 5000 exceeds the sampler's limit 1024 [BAD_SAMPLING_PARAMS]"),
+        (["--temperature", "1e-40"], "temperature 1e-40 is below the floor 1.52587890625e-05 (2**-16)"),
+        (["--temperature", "1e-38"], "temperature 1e-38 is below the floor"),
+    ],
+)
+def test_the_refusal_that_happened_is_the_one_reported(flags, words):
+    """Not `release(lane=0): lane not admitted`: the Generator releases only lanes it admitted."""
+    line = refused("generate", "--prompt", "Hi", *flags)
+    assert words in line, line
+
+
+def test_a_backend_fault_mid_generation_is_one_line_and_a_nonzero_exit(tmp_path, monkeypatch, capsys):
+    from sf_trt.cli import launch, main
+    from sf_trt.faults import Fault, FaultyPrimitives
+    from tiny_gguf import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("SF_TRT_CACHE", str(tmp_path / "cache"))
+    real_open = launch.open_backend
+    monkeypatch.setattr(launch, "open_backend", lambda *a, **kw: FaultyPrimitives(real_open(*a, **kw), [Fault("decode", 3)]))
+    import sf_trt.cli.generate as generate_cmd
+
+    monkeypatch.setattr(generate_cmd, "open_backend", launch.open_backend)
+    code = main(["generate", "--gguf", str(tmp_path / "tiny.gguf"), "--prompt-ids", "1,2,3", "--max-tokens", "8",
+                 "--max-draft", "1", "--speculate", "none"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "sf-trt: generation failed after 2 tokens: decode forward (lane 0): InjectedFault" in err
+    assert "Traceback" not in err
