@@ -435,7 +435,6 @@ def test_match_is_tokens_equal_draft_and_minus_one_never_matches(seed, vocab):
     feeds = random_feeds(rng, 12, vocab)
     tokens = run(feeds, vocab)[0]
     feeds["draft"] = np.where(rng.random(12) < 0.5, tokens, feeds["draft"])  # many hits
-    feeds["draft"][3] = tokens[3]  # at least one (9 coin flips all missing happens 1 seed in 512)
     feeds["draft"][:3] = -1
     feeds["draft"][3] = tokens[3]  # at least one (the coin flips above miss all 9 rows 1 time in 512)
     for greedy in (False, True):
