@@ -74,6 +74,7 @@ from onnx import TensorProto, helper
 
 from sf_trt.formats.model_dir import CACHE_INPUTS, INPUTS, OUTPUTS, WEIGHT_DTYPES, LlamaConfig, cache_names
 from sf_trt.graphs.builder import GraphBuilder
+from sf_trt.graphs.ranges import declare_ranges
 
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
 from .quantize import quantize_int8
@@ -126,9 +127,26 @@ def build_decoder_graph(
         x = d.layer(i, layer, x, new_kv)
     d.head(weights, x)
     d.new_kv_output(new_kv)
-    return d.g.model(
+    model = d.g.model(
         "llama_decoder", *_io(cfg, max_lanes, max_context, cache_inputs), producer="sf_trt.export.decoder_graph"
     )
+    return _declare_ranges(model, cfg, max_lanes, max_context)
+
+
+DECODER_MAX_LANES = 2**16
+"""The lane count the decoder graph states as its bound when ``max_lanes`` is not fixed."""
+
+
+def _declare_ranges(model: onnx.ModelProto, cfg: LlamaConfig, max_lanes: int | None, max_context: int | None) -> onnx.ModelProto:
+    """The ranges the graph's integer inputs and symbolic dims keep (sf_trt.graphs.ranges): the
+    proof that its integer arithmetic (the ``Range``s over lanes and cache slots) is exact."""
+    lanes = max_lanes or DECODER_MAX_LANES
+    slots = (max_context or cfg.context_length) + 1  # the trash slot included
+    inputs = {"input_ids": (0, cfg.vocab - 1), "positions": (0, slots - 1), "logit_index": (0, lanes * slots - 1)}
+    if "lane_ids" in {i.name for i in model.graph.input}:
+        inputs["lane_ids"] = (0, lanes - 1)
+    dims = {"batch": (1, lanes), "rows": (1, slots), "logit_rows": (1, lanes * slots), "cache_len": (1, slots), "max_lanes": (1, lanes)}
+    return declare_ranges(model, inputs=inputs, dims=dims)
 
 
 def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype) -> None:
@@ -347,4 +365,5 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
             new.type.tensor_type.shape.dim[0].Clear()
             new.type.tensor_type.shape.dim[0].dim_param = "batch"
     g.output.extend(graph.output)
+    out.metadata_props.extend(model.metadata_props)
     return out

@@ -48,9 +48,9 @@ __all__ = [
     "ModelDirError",
 ]
 
-FORMAT_VERSION = 6
-"""Bumped whenever a graph or the layout changes: an older directory is rebuilt
-(5: verify.onnx always there; 6: digests of every file)."""
+FORMAT_VERSION = 7
+"""Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always
+there; 6: digests of every file, or the exact hash, on two branches; 7: both)."""
 CONFIG_FILE = "config.json"
 GRAPH_FILE = "decoder.onnx"
 PASS_GRAPH_FILE = "decoder_pass.onnx"

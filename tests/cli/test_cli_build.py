@@ -66,6 +66,19 @@ def test_cli_check_exit_codes(tmp_path, capsys):
     capsys.readouterr()
 
 
+def unbounded_int64_mod():
+    """``key % 1000003`` on an int64 input with no declared range (export/OPS.md, "Integer arithmetic")."""
+    m = numpy_helper.from_array(np.array(1000003, np.int64), "m")
+    return model([h.make_node("Mod", ["xi", "m"], ["yi"], name="key_mod")], [vi("xi", T.INT64, ["rows"])], [vi("yi", T.INT64, None)], [m])
+
+
+def test_cli_check_refuses_an_unbounded_integer_mod_naming_it(tmp_path, capsys):
+    onnx.save(unbounded_int64_mod(), tmp_path / "mod.onnx")
+    assert main(["build", "--check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "key_mod (Mod)" in out and "no declared range" in out and "2**24" in out and "#4702" in out
+
+
 def test_cli_check_registry(capsys):
     rc = main(["build", "--check", "--registry"])
     out = capsys.readouterr()

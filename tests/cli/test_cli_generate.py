@@ -89,6 +89,7 @@ def test_generate_json_is_the_same_with_and_without_speculation():
         runs[spec] = json.loads(proc.stdout)
     plain, spec = runs["none"], runs["prompt-lookup"]
     assert set(plain) == {"tokens", "text", "finish", "prompt_tokens", "seconds", "tokens_per_s", "proposed", "accepted", "error"}
+    assert plain["error"] is None and spec["error"] is None
     assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
     assert plain["proposed"] == 0 and spec["proposed"] > 0
     assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sf_trt.formats.model_dir import ModelDir, ModelDirError, made_by_export
+from sf_trt.formats.model_dir import FORMAT_VERSION, ModelDir, ModelDirError, made_by_export
 
 
 def test_config_json_records_the_graph_facts(tiny_model_dir):
@@ -64,8 +64,8 @@ def _config_edits():
     return {
         "not JSON": (raw(b"{garbage"), "not readable JSON"),
         "not UTF-8": (raw(b'{"format": 6, "x": "\xff"}'), "not readable JSON"),
-        "a list": (raw(b"[1, 2]"), "format 'list', expected 6"),
-        "an old format": (meta_edit(lambda m: m.update(format=5)), "format 5, expected 6"),
+        "a list": (raw(b"[1, 2]"), f"format 'list', expected {FORMAT_VERSION}"),
+        "an old format": (meta_edit(lambda m: m.update(format=5)), f"format 5, expected {FORMAT_VERSION}"),
         "a value changed": (meta_edit(lambda m: m["llama"].update(n_layers=3)), "differs from the digest it records"),
         "a digest changed": (meta_edit(lambda m: m["sha256"].update({"decoder.onnx": "0" * 64})), "differs from the digest it records"),
         "files not a list": (meta_edit(lambda m: m.update(files=5, config_sha256=None)), "differs from the digest it records"),

@@ -24,7 +24,6 @@ pass logic run on the CPU too, with onnxruntime standing in for the engines
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,8 @@ import numpy as np
 
 from ...formats.manifest import ManifestError, check_engine_file, check_manifest, read_manifest
 from ...graphs.verify import LOGITS as VERIFY_LOGITS
+from ...graphs.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS
+from ...graphs.verify import sample_feeds
 from ...graphs.verify import MATCH as VERIFY_MATCH
 from ...graphs.verify import TOKENS as VERIFY_TOKENS
 from ...primitives import Capabilities, PrimitivesBase, Rows, SampleRows
@@ -209,10 +210,11 @@ class TensorRTPrimitives(PrimitivesBase):
         dev = self._dev
         if sample.num_rows == 0:
             return np.zeros(0, np.int64), np.zeros(0, bool)
+        host = sample_feeds(sample)  # the fields, and the noise keys made from rng_key and position
         feeds = {VERIFY_LOGITS: logits}
         for b in self._verify.plan.inputs():
             if b.name != VERIFY_LOGITS:
-                feeds[b.name] = dev.to_device(np.asarray(getattr(sample, b.name)).astype(numpy_dtype(b.dtype)))
+                feeds[b.name] = dev.to_device(host[b.name].astype(numpy_dtype(b.dtype)))
         out = self._verify.run(feeds)
         tokens = dev.to_host(out[VERIFY_TOKENS]).astype(np.int64)
         match = dev.to_host(out[VERIFY_MATCH]).astype(bool)
@@ -235,10 +237,10 @@ class TensorRTPrimitives(PrimitivesBase):
 
 def _check_verify_plan(plan: BufferPlan, vocab: int) -> None:
     names = {b.name for b in plan.inputs()}
-    wanted = {VERIFY_LOGITS} | {f.name for f in dataclasses.fields(SampleRows)}
+    wanted = {VERIFY_LOGITS} | set(VERIFY_SAMPLE_INPUTS)
     if names != wanted:
         raise refuse(
-            f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} (logits and the SampleRows fields)"
+            f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} (logits and sample_feeds' inputs)"
         )
     outs = {b.name for b in plan.outputs()}
     if not {VERIFY_TOKENS, VERIFY_MATCH} <= outs:
