@@ -33,7 +33,7 @@ class ShapeError(ValueError):
 # symbolic caches, "max_lanes" and "cache_len" (= max_context + 1).
 DIM_ROLES: dict[str, str] = {
     # rows of one forward pass (the decoder: rows per lane), and the logit rows it returns
-    "rows": "rows_per_pass", "R": "rows_per_pass", "num_rows": "rows_per_pass",
+    "rows": "rows_per_pass", "R": "rows_per_pass", "num_rows": "rows_per_pass", "rows_per_lane": "rows_per_pass",
     "logit_rows": "rows_per_pass", "K": "rows_per_pass",
     # lanes in a pass
     "lanes": "lanes", "B": "lanes", "batch": "lanes", "num_lanes": "lanes",

@@ -187,7 +187,7 @@ class TensorRTPrimitives(PrimitivesBase):
         / ``max_context`` size a decoder's symbolic caches and bound its lanes
         per pass (as ``sf-trt build --max-lanes/--max-context`` would).
         """
-        dims = {"rows": max_rows_per_pass, "logit_rows": max_rows_per_pass, "batch": max_lanes or max_rows_per_pass}
+        dims = {"rows": max_rows_per_pass, "rows_per_lane": max_rows_per_pass, "logit_rows": max_rows_per_pass, "batch": max_lanes or max_rows_per_pass}
         if max_lanes is not None:
             dims["max_lanes"] = max_lanes
         if max_context is not None:
