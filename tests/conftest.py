@@ -171,6 +171,14 @@ def real_int8_model_dir(real_gguf):
 
 
 @pytest.fixture(scope="session")
+def real_fp16_model_dir(real_gguf):
+    """The real model exported with fp16 compute (float32 weights rounded to float16)."""
+    from sf_trt.export.pipeline import default_model_dir
+
+    return default_model_dir(progress=False, weight_dtype="float32", precision="fp16")
+
+
+@pytest.fixture(scope="session")
 def real_reader(real_gguf):
     from sf_trt.export.gguf_llama import open_reader
 

@@ -130,3 +130,14 @@ def test_real_int8_model_rows_are_exact(real_int8_model_dir, schedules, real_tok
         for schedule in (sched.chunked(3), sched.mixed([1, 4, 7], lambda k: [2, 0, 1])):
             got = sched.run(prims, schedule)
             assert all(np.array_equal(bits(got[lane]), bits(plain[lane])) for lane in sched.seqs)
+
+
+@pytest.mark.slow
+def test_real_fp16_model_rows_are_exact(real_fp16_model_dir, schedules, real_tokenizer):
+    with OrtDecoderPrimitives(real_fp16_model_dir, max_lanes=3, max_context=128) as prims:
+        tok = real_tokenizer
+        sched = schedules({lane: np.asarray(tok.encode(t)[:8], np.int64) for lane, t in enumerate(TEXTS)})
+        plain = sched.run(prims, sched.plain())
+        for schedule in (sched.chunked(3), sched.mixed([1, 4, 7], lambda k: [2, 0, 1])):
+            got = sched.run(prims, schedule)
+            assert all(np.array_equal(bits(got[lane]), bits(plain[lane])) for lane in sched.seqs)
