@@ -430,10 +430,10 @@ def environment() -> tuple[Any, str]:
 
 
 class Engines:
-    """Builds engines on demand, one directory per graph and shape digest, and remembers them."""
+    """Builds engines on demand, one directory per graph, shapes and TensorRT version, and remembers them."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, tensorrt_version: str) -> None:
+        self.root, self.version = root, tensorrt_version
         self.built: list[str] = []
 
     def build(self, name: str, graph, shapes: dict, *, key: str | None = None) -> Path:
@@ -446,7 +446,7 @@ class Engines:
         from sf_trt.formats.manifest import read_manifest
 
         data = key.encode() if key is not None else graph.SerializeToString()
-        digest = hashlib.sha256(data + json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:12]
+        digest = hashlib.sha256(data + json.dumps([shapes, self.version], sort_keys=True).encode()).hexdigest()[:12]
         out = self.root / f"{name}-{digest}"
         if (out / "manifest.json").exists() and name in read_manifest(out):
             return out
@@ -700,7 +700,7 @@ def main(argv=None) -> int:
         print(f"trt_device_check: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    engines, table = Engines(args.out), Table()
+    engines, table = Engines(args.out, trt.__version__), Table()
     print(f"trt_device_check: {env}", flush=True)
 
     above = table.run("a", "int64 Mod/Div below 2**24 (sf_trt's graphs rely on it)", lambda: int_division(trt, engines))
@@ -727,10 +727,10 @@ def main(argv=None) -> int:
 
         table.run("c", f"packing, tiny decoder {precision}: alone == packed", packing_check)
 
+    holder: dict = {}  # the real model, once exported and built
     if args.skip_real:
         table.rows.append(Row("d", "real model fp16", "NOTE", 0.0, "skipped (--skip-real)"))
     else:
-        holder: dict = {}
 
         def load_real():
             holder["m"] = real_model(engines, args.gguf)
@@ -747,13 +747,17 @@ def main(argv=None) -> int:
         return replay_equals_eager(lambda graphs: trt_prims(engine_dir, "decoder", cfg.eos, cuda_graphs=graphs), cfg.vocab)
 
     table.run("e", "CUDA-graph replay == eager", replay_check)
-    if not args.skip_real and "m" in holder:
+    if "m" in holder:
         table.run("f", "tokens/s, real model fp16", lambda: real_throughput(holder["m"], 2 * args.max_tokens))
 
     def seed_check():
         from sf_trt.backends.tensorrt import TensorRTPrimitives
+        from sf_trt.fake import FakeConfig
 
-        return seed_contract(lambda cfg=None: TensorRTPrimitives.fake(fake_dir(engines, cfg), cfg, cuda_graphs=True), "the TensorRT fake")
+        def trt_fake(cfg=FakeConfig()):
+            return TensorRTPrimitives.fake(fake_dir(engines, cfg), cfg, cuda_graphs=True)
+
+        return seed_contract(trt_fake, "the TensorRT fake")
 
     table.run("g", "seed contract on the TensorRT fake", seed_check)
     table.rows.append(Row("-", "engines built this run", "NOTE", 0.0, ", ".join(engines.built) or "(all cached)"))

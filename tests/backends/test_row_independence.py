@@ -122,19 +122,9 @@ def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules, real_token
 
 
 @pytest.mark.slow
-def test_real_int8_model_rows_are_exact(real_int8_model_dir, schedules, real_tokenizer):
-    with OrtDecoderPrimitives(real_int8_model_dir, max_lanes=3, max_context=128) as prims:
-        tok = real_tokenizer
-        sched = schedules({lane: np.asarray(tok.encode(t)[:8], np.int64) for lane, t in enumerate(TEXTS)})
-        plain = sched.run(prims, sched.plain())
-        for schedule in (sched.chunked(3), sched.mixed([1, 4, 7], lambda k: [2, 0, 1])):
-            got = sched.run(prims, schedule)
-            assert all(np.array_equal(bits(got[lane]), bits(plain[lane])) for lane in sched.seqs)
-
-
-@pytest.mark.slow
-def test_real_fp16_model_rows_are_exact(real_fp16_model_dir, schedules, real_tokenizer):
-    with OrtDecoderPrimitives(real_fp16_model_dir, max_lanes=3, max_context=128) as prims:
+@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir"])
+def test_real_int8_and_fp16_models_rows_are_exact(export, schedules, real_tokenizer, request):
+    with OrtDecoderPrimitives(request.getfixturevalue(export), max_lanes=3, max_context=128) as prims:
         tok = real_tokenizer
         sched = schedules({lane: np.asarray(tok.encode(t)[:8], np.int64) for lane, t in enumerate(TEXTS)})
         plain = sched.run(prims, sched.plain())

@@ -357,7 +357,7 @@ def test_tensorrt_fake_matches_the_stand_in(tmp_path):
 def test_tensorrt_verify_engine_draws_the_reference_bit_for_bit(tmp_path):
     """(b): the verify engine's u is hash_u and its tokens the reference's, bit for bit."""
     trt = _need_tensorrt_and_gpu()
-    engines = check.Engines(tmp_path)
+    engines = check.Engines(tmp_path, trt.__version__)
     shapes = dict(max_lanes=8, rows_per_lane=8, max_context=1)
     debug = engines.build("verify_debug", build_verify_graph(check.VERIFY_VOCAB, check.VERIFY_TOP_K, debug=True), shapes)
     plain = engines.build("verify", build_verify_graph(check.VERIFY_VOCAB, check.VERIFY_TOP_K), shapes)
@@ -368,15 +368,15 @@ def test_tensorrt_verify_engine_draws_the_reference_bit_for_bit(tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_tensorrt_rows_are_bit_identical_alone_and_packed(tmp_path, precision):
     """(c): a lane's rows alone and inside wider passes, decoder logits and verify tokens bit for bit."""
-    _need_tensorrt_and_gpu()
-    cfg, engine_dir = check.tiny_engines(check.Engines(tmp_path), precision)
+    trt = _need_tensorrt_and_gpu()
+    cfg, engine_dir = check.tiny_engines(check.Engines(tmp_path, trt.__version__), precision)
     check.packing(lambda: check.trt_prims(engine_dir, "decoder", cfg.eos), cfg.vocab)
 
 
 @pytest.mark.tensorrt
 def test_tensorrt_fp16_decoder_is_close_to_the_fp32_stand_in(tmp_path):
-    _need_tensorrt_and_gpu()
-    cfg, engine_dir = check.tiny_engines(check.Engines(tmp_path), "fp16")
+    trt = _need_tensorrt_and_gpu()
+    cfg, engine_dir = check.tiny_engines(check.Engines(tmp_path, trt.__version__), "fp16")
     for graphs in (False, True):
         trt_p = check.trt_prims(engine_dir, "decoder", cfg.eos, cuda_graphs=graphs)
         cpu_p = check.tiny_stand_in("fp32")
