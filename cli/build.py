@@ -184,7 +184,7 @@ def _check_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
             out(shapes)
         refused += bool(errors)
     if refused:
-        err(f"sf-trt build: {refused} of {len(files)} graph(s) use what TensorRT's ONNX parser does not support")
+        err(f"sf-trt build: {refused} of {len(files)} graph(s) refused: what TensorRT's ONNX parser does not support, or a shape a graph does not take (listed above)")
         return EXIT_REFUSED
     if args.check:
         out(f"all {len(files)} graph(s) supported by TensorRT's ONNX parser")
