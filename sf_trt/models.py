@@ -247,10 +247,11 @@ def default_gguf_path(cache: Path | None = None, *, progress: bool = True, downl
     return check_gguf(dest, src.size)
 
 
-def export_dir(gguf: str | os.PathLike, weights: str, cache: Path | None = None) -> Path:
-    """Where the export of ``gguf`` (a path or a file name) with ``weights`` lives in the cache:
-    ``models/<gguf name>`` (float32) or ``models/<gguf name>-<weights>``."""
-    suffix = "" if weights == "float32" else f"-{weights}"
+def export_dir(gguf: str | os.PathLike, weights: str, cache: Path | None = None, precision: str = "fp32") -> Path:
+    """Where the export of ``gguf`` (a path or a file name) with ``weights`` and ``precision``
+    lives in the cache: ``models/<gguf name>`` (float32 weights, fp32), else with
+    ``-<weights>`` and/or ``-<precision>`` appended."""
+    suffix = ("" if weights == "float32" else f"-{weights}") + ("" if precision == "fp32" else f"-{precision}")
     return (cache or cache_dir()) / "models" / (Path(gguf).name.removesuffix(".gguf") + suffix)
 
 

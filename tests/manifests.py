@@ -7,16 +7,17 @@ the way it is on a GPU machine.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import onnx
-from sf_trt.export.trt_config import BuildConfig
+from sf_trt.export.trt_config import BuildConfig, build_settings
 
 from sf_trt.formats.files import sha256_file
 from sf_trt.formats.manifest import EngineManifest, write_manifest
-from sf_trt.formats.shapes import derive_profiles, onnx_io
+from sf_trt.formats.shapes import onnx_io
 from sf_trt.graphs.copy_model import build_copy_graph
+
+SHAPES = BuildConfig(max_lanes=2, rows_per_lane=4, max_context=8)
 
 
 def engine_entry(directory: Path, name: str = "copy_model", trt: str = "10.3.0", cc: str = "9.0") -> EngineManifest:
@@ -25,12 +26,12 @@ def engine_entry(directory: Path, name: str = "copy_model", trt: str = "10.3.0",
     engine.write_bytes(b"serialized engine bytes of " + name.encode())
     graph = directory / f"{name}.onnx"
     onnx.save(build_copy_graph(vocab=16, eos=15, max_lanes=2, max_context=8), graph)
-    cfg = BuildConfig(max_rows_per_pass=8, max_lanes=2, max_context=8)
+    io = tuple(onnx_io(graph))
     return EngineManifest(
         name=name, engine_file=engine.name, engine_sha256=sha256_file(engine), onnx_file=str(graph),
         onnx_sha256=sha256_file(graph), tensorrt_version=trt, compute_capability=cc, gpu_name="NVIDIA H200",
-        precision="fp16", io=tuple(onnx_io(graph)), profiles=(derive_profiles(graph, cfg),),
-        build=dataclasses.asdict(cfg), created_utc="2026-12-02T00:00:00+00:00", meta={"eos": "15"},
+        io=io, settings=build_settings("copy_model", "fp32", io, SHAPES, trt), created_utc="2026-12-02T00:00:00+00:00",
+        meta={"eos": "15"},
     )
 
 

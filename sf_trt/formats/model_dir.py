@@ -4,7 +4,8 @@ A model directory holds one exported model, whatever made it (``sf-trt export``
 or the first ``sf-trt generate``)::
 
     config.json              FORMAT_VERSION, the LlamaConfig ("llama"), the graph's
-                             facts ("graph"), the weight dtype ("weights"), the GGUF
+                             facts ("graph"), the weight dtype ("weights"), the
+                             precision of the decoder's compute ("precision"), the GGUF
                              it came from ("gguf": path, sha256, name), the file list
                              ("files"), each file's sha256 ("sha256") and its own
                              ("config_sha256", over the rest of config.json)
@@ -44,13 +45,15 @@ from .files import STAMPS_NAME, DigestStamps
 __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
     "INPUTS", "OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
+    "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
     "MAX_CONTEXT_LENGTH", "cache_names", "graph_facts", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
     "ModelDirError",
 ]
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 """Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always
-there; 6: digests of every file, or the exact hash, on two branches; 7: both)."""
+there; 6: digests of every file, or the exact hash, on two branches; 7: both; 8: the decoder's
+precision, its dim ``rows_per_lane``)."""
 CONFIG_FILE = "config.json"
 GRAPH_FILE = "decoder.onnx"
 PASS_GRAPH_FILE = "decoder_pass.onnx"
@@ -67,8 +70,23 @@ PADDING_POSITION = "max_context"
 WEIGHT_DTYPES = ("float32", "int8")
 DEFAULT_WEIGHTS = "int8"
 """What the CPU path exports by default: a quarter of the weight bytes per pass, rows still exact."""
+PRECISIONS = ("fp32", "fp16", "bf16")
+"""The decoder's compute precision: the type of its weights, matmuls and KV cache
+(``sf_trt.export.decoder_graph``, *Precision*); the verify graph and the copy model are fp32."""
+DEFAULT_PRECISION = "fp32"
+PRECISION_KEY = "sf_trt.precision"
+"""The metadata key under which a graph records its precision (absent: fp32)."""
 MAX_CONTEXT_LENGTH = 1 << 20
 """The longest context a model may declare (the graphs hold tables of that many positions)."""
+
+
+def graph_precision(model: Any) -> str:
+    """The precision an ONNX graph records (:data:`PRECISION_KEY`; fp32 when it records none).
+    ``ValueError`` for a value outside :data:`PRECISIONS`."""
+    found = next((p.value for p in model.metadata_props if p.key == PRECISION_KEY), DEFAULT_PRECISION)
+    if found not in PRECISIONS:
+        raise ValueError(f"graph metadata {PRECISION_KEY!r} is {found!r}; expected one of {', '.join(PRECISIONS)}")
+    return found
 
 
 def cache_names(layer: int) -> tuple[str, str]:
@@ -209,6 +227,11 @@ class ModelDir:
         return self.meta.get("weights", "float32")
 
     @property
+    def precision(self) -> str:
+        """The decoder's compute precision (:data:`PRECISIONS`)."""
+        return self.meta["precision"]
+
+    @property
     def max_positions(self) -> int:
         """The longest context the graphs take (the model's context length)."""
         return int(self.meta["graph"].get("max_positions", self.config.context_length))
@@ -264,6 +287,8 @@ def _read_config(cfg_path: Path) -> dict[str, Any]:
             raise bad(f"{key!r} is not an object")
     if meta.get("weights") not in WEIGHT_DTYPES:
         raise bad(f"weights {meta.get('weights')!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
+    if meta.get("precision") not in PRECISIONS:
+        raise bad(f"precision {meta.get('precision')!r} unknown (known: {', '.join(PRECISIONS)})")
     positions = meta["graph"].get("max_positions", 2)
     if isinstance(positions, bool) or not isinstance(positions, int) or not 2 <= positions <= MAX_CONTEXT_LENGTH:
         raise bad(f"graph max_positions {positions!r} is not a context length")
@@ -285,19 +310,20 @@ def made_by_export(path: str | os.PathLike) -> bool:
     return entries <= {n for n in meta["files"] if isinstance(n, str)} | {CONFIG_FILE, STAMPS_NAME}
 
 
-def graph_facts(cfg: LlamaConfig) -> dict[str, Any]:
+def graph_facts(cfg: LlamaConfig, precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
     """What ``config.json["graph"]`` records about the decoder graphs."""
     from ..graphs.builder import OPSET
 
+    cache_type = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
     return {
         "opset": OPSET,
         "graphs": {GRAPH_FILE: "slots", PASS_GRAPH_FILE: "pass"},
         "inputs": list(INPUTS) + ["past_key_{i}", "past_value_{i}"],
         "outputs": list(OUTPUTS),
-        "cache_layout": "[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] float32; position max_context is the trash slot",
-        "new_kv_layout": "[n_layers, 2 (key, value), batch, rows, n_kv_heads, head_dim] float32",
+        "cache_layout": f"[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] {cache_type}; position max_context is the trash slot",
+        "new_kv_layout": f"[n_layers, 2 (key, value), batch, rows_per_lane, n_kv_heads, head_dim] {cache_type}",
         "padding_position": PADDING_POSITION,
         "rope": "interleaved pairs (GGUF q/k row order)",
         "max_positions": cfg.context_length,
-        "dynamic_dims": ["batch", "rows", "logit_rows", "max_lanes", "cache_len"],
+        "dynamic_dims": ["batch", "rows_per_lane", "logit_rows", "max_lanes", "cache_len"],
     }

@@ -23,7 +23,7 @@ def vi(name, elem, shape):
 
 
 def relu():
-    return model([h.make_node("Relu", ["x"], ["y"], name="relu")], [vi("x", T.FLOAT, ["rows", 512])], [vi("y", T.FLOAT, None)])
+    return model([h.make_node("Relu", ["x"], ["y"], name="relu")], [vi("x", T.FLOAT, ["rows", 512])], [vi("y", T.FLOAT, ["rows", 512])])
 
 
 def topk_k4000():
@@ -97,3 +97,19 @@ def test_python_dash_m_runs_the_check(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", "build", "--check", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
     assert "cdf (CumSum)" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_check_of_a_fresh_export_lists_the_one_shape_of_each_engine(tmp_path, capsys):
+    """A model directory stands for the engines the TensorRT backend opens: decoder and verify."""
+    from sf_trt.export.pipeline import export_model_dir
+    from tiny_gguf import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = export_model_dir(tmp_path / "tiny.gguf", tmp_path / "model", progress=False, precision="fp16")
+    assert main(["build", "--check", str(out), "--max-lanes", "2", "--rows-per-lane", "3", "--max-context", "32"]) == 0
+    text = capsys.readouterr().out
+    assert "decoder.onnx: ok" in text and "verify.onnx: ok" in text and "decoder_pass.onnx" not in text
+    assert "engine: decoder, fp16, one shape: batch=2 rows_per_lane=3 logit_rows=6 max_lanes=2 cache_len=33" in text
+    assert "engine: verify, fp32, one shape: rows=6" in text
+    assert "input  float16  [2, 2, 33, 16]" in text  # the KV cache, in the decoder's precision
+    assert "all 2 graph(s) supported" in text

@@ -191,7 +191,16 @@ CASES: dict[str, Callable[[Workspace], list[str]]] = {
     "engine file outside the directory": lambda w: w.engines(_edit_manifest(lambda m: m["engines"]["decoder"].update(engine_file="../../etc/passwd"))),
     "engine bytes changed": lambda w: w.engines(lambda d: (d / "decoder.engine").write_bytes(b"another engine")),
     "no TensorRT here": lambda w: w.engines(),
+    "engine of more than one shape": lambda w: w.engines(_edit_manifest(_dynamic_decoder_profile)),
 }
+
+
+def _dynamic_decoder_profile(manifest: dict) -> None:
+    """The decoder's profile made 1..8 rows (an engine built by an older sf-trt build)."""
+    profile = manifest["engines"]["decoder"]["settings"]["profiles"][0]
+    profile["dims"]["rows"][0] = 1
+    for shapes in profile["inputs"].values():
+        shapes["min"][0] = 1
 
 ELSEWHERE = {
     "export ended by SIGTERM": ("tests/export/test_pipeline.py", "test_an_export_killed_midway_keeps_the_earlier_one_and_leaves_no_temporary"),

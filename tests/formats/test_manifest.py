@@ -11,6 +11,7 @@ import pytest
 from manifests import engine_entry
 
 from sf_trt.formats.manifest import (
+    MANIFEST_FORMAT,
     EngineManifest,
     ManifestError,
     check_manifest,
@@ -42,7 +43,10 @@ def test_manifest_round_trip_keeps_every_engine(tmp_path):
     assert back == {"copy_model": a, "verify": b}
     assert read_manifest(tmp_path / "manifest.json") == back
     data = json.loads((tmp_path / "manifest.json").read_text())
-    assert data["format"] == 1 and data["engines"]["copy_model"]["engine_sha256"] == a.engine_sha256
+    assert data["format"] == 2 and data["engines"]["copy_model"]["engine_sha256"] == a.engine_sha256
+    recorded = data["engines"]["copy_model"]["settings"]  # what the build did, as data
+    assert recorded["network_flags"] == ["STRONGLY_TYPED"] and recorded["builder_flags_cleared"] == ["TF32"]
+    assert recorded["profiles"][0]["dims"] == {"rows": [8, 8, 8]} and back["copy_model"].settings == a.settings
     check_manifest(back["copy_model"], "10.3.0", (9, 0), engine_path=tmp_path / a.engine_file, onnx_path=a.onnx_file)
 
 
@@ -73,9 +77,9 @@ def test_a_missing_or_malformed_manifest_is_refused_clearly(tmp_path):
     with pytest.raises(ManifestError, match="cannot read manifest"):
         read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format": 99, "engines": {}}))
-    with pytest.raises(ManifestError, match="has format 99; expected format 1"):
+    with pytest.raises(ManifestError, match="has format 99; expected format 2"):
         read_manifest(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "engines": {"x": {"name": "x"}}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 2, "engines": {"x": {"name": "x"}}}))
     with pytest.raises(ManifestError, match=r"manifest entry 'x' is malformed \(KeyError"):
         read_manifest(tmp_path)
 
@@ -84,7 +88,7 @@ def test_a_missing_or_malformed_manifest_is_refused_clearly(tmp_path):
 def test_an_engine_file_outside_the_engines_directory_is_refused(tmp_path, engine_file):
     entry = _entry(tmp_path).to_json()
     entry["engine_file"] = engine_file
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "engines": {"copy_model": entry}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": MANIFEST_FORMAT, "engines": {"copy_model": entry}}))
     with pytest.raises(ManifestError, match=r"manifest entry 'copy_model': engine_file .* (is not a path inside the engines directory|is not a file name)"):
         read_manifest(tmp_path)
 
@@ -92,16 +96,16 @@ def test_an_engine_file_outside_the_engines_directory_is_refused(tmp_path, engin
 def test_an_engine_file_in_a_subdirectory_is_fine(tmp_path):
     entry = _entry(tmp_path).to_json()
     entry["engine_file"] = "sm90/copy_model.engine"
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "engines": {"copy_model": entry}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": MANIFEST_FORMAT, "engines": {"copy_model": entry}}))
     assert read_manifest(tmp_path)["copy_model"].engine_file == "sm90/copy_model.engine"
 
 
 @pytest.mark.parametrize(
     "data, words",
     [
-        (b'{"format": 1, "engines": {"x": [1, 2]}}', "manifest entry is list, expected an object"),
-        (b'{"format": 1, "engines": {"x": {"name": "x", "io": 5}}}', "manifest entry 'x' is malformed"),
-        (b'{"format": 1, "engines": {"x": "\xff"}}', "cannot read manifest"),
+        (b'{"format": 2, "engines": {"x": [1, 2]}}', "manifest entry is list, expected an object"),
+        (b'{"format": 2, "engines": {"x": {"name": "x", "io": 5}}}', "manifest entry 'x' is malformed"),
+        (b'{"format": 2, "engines": {"x": "\xff"}}', "cannot read manifest"),
         (b"[" * 100000, "cannot read manifest"),
     ],
 )

@@ -18,6 +18,14 @@ def test_config_json_records_the_graph_facts(tiny_model_dir):
     assert meta["graph"]["graphs"] == {"decoder.onnx": "slots", "decoder_pass.onnx": "pass"}
     assert meta["graph"]["padding_position"] == "max_context"
     assert {"decoder.onnx", "decoder_pass.onnx", "decoder.onnx.data"} <= set(meta["files"])
+    assert meta["format"] == FORMAT_VERSION and meta["precision"] == "fp32" == ModelDir.open(tiny_model_dir).precision
+    assert "float32" in meta["graph"]["cache_layout"]
+
+
+def test_config_json_records_the_decoders_precision(tiny_fp16_model_dir):
+    meta = json.loads((tiny_fp16_model_dir / "config.json").read_text())
+    assert meta["precision"] == "fp16" == ModelDir.open(tiny_fp16_model_dir).precision
+    assert "float16" in meta["graph"]["cache_layout"] and "float16" in meta["graph"]["new_kv_layout"]
 
 
 @pytest.fixture
@@ -90,6 +98,7 @@ def test_a_config_consistent_but_malformed_is_refused(model_copy):
         (lambda m: m["sha256"].pop("verify.onnx"), '"sha256" does not hold one sha256 per listed file'),
         (lambda m: m.update(graph=[]), "'graph' is not an object"),
         (lambda m: m.update(weights="int3"), "weights 'int3' unknown"),
+        (lambda m: m.update(precision="fp8"), "precision 'fp8' unknown (known: fp32, fp16, bf16)"),
         (lambda m: m["graph"].update(max_positions=2**40), "graph max_positions 1099511627776 is not a context length"),
         (lambda m: m["llama"].update(context_length=2**40), 'no usable "llama" config (LlamaConfig: context_length 1099511627776 exceeds'),
         (lambda m: m["llama"].update(vocab="many"), 'no usable "llama" config'),

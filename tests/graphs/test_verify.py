@@ -123,7 +123,18 @@ def test_every_graph_checks_and_uses_only_the_ops_in_ops_md():
         assert not used & BITWISE, name
         assert all(n.domain in ("", "ai.onnx") for n in model.graph.node), name
         assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)], name
-        assert errors_in(check_graph(model)) == [], (name, [str(f) for f in check_graph(model)])
+        # TensorRT would refuse only the inputs a variant does not read (it drops them): the
+        # cheaper variants are onnxruntime's; TensorRT runs the full graph
+        errors = errors_in(check_graph(model))
+        assert all("read by no node" in f.problem for f in errors), (name, [str(f) for f in errors])
+        assert {f.node for f in errors} == unread_inputs(name), name
+
+
+def unread_inputs(name: str) -> set[str]:
+    """The inputs a graph of :func:`all_graphs` does not read."""
+    if name.startswith("greedy"):
+        return {"mode", "temperature", "top_p", "top_k", "noise_add", "noise_mul"}
+    return {field for field in ("top_k", "top_p") if f"{field}=False" in name}
 
 
 def test_io_names_dims_and_dtypes():

@@ -27,6 +27,12 @@ def _damage(case, engines):
     elif case == "no engine":
         del data["engines"]["verify"]
         manifest.write_text(json.dumps(data))
+    elif case == "dynamic profile":  # an engine built to take 1..8 rows: its rows could differ by the pass
+        profile = data["engines"]["verify"]["settings"]["profiles"][0]
+        profile["dims"]["rows"][0] = 1
+        for shapes in profile["inputs"].values():
+            shapes["min"][0] = 1
+        manifest.write_text(json.dumps(data))
 
 
 CASES = {
@@ -35,6 +41,7 @@ CASES = {
     "escaping": "engine_file '../../etc/passwd' is not a path inside the engines directory",
     "digest": "refusing engine 'decoder': engine file sha256",
     "no engine": "no engine 'verify' in",
+    "dynamic profile": r"engine 'verify' takes more than one shape \(rows 1..8, input lanes \[1\]..\[8\], input positions \[1\]..\[8\]\)",
 }
 
 
