@@ -267,7 +267,16 @@ async def loadtest(args) -> dict:
 
 
 def _prompts(args) -> list[dict]:
-    return DEFAULT_PROMPTS if args.prompts is None else read_prompts(args.prompts)
+    if args.prompts is None:
+        return DEFAULT_PROMPTS
+    rows = []
+    for p in read_prompts(args.prompts):
+        row = {"max_tokens": p.max_tokens}
+        for key in ("messages", "prompt", "prompt_ids"):
+            if getattr(p, key) is not None:
+                row[key] = getattr(p, key)
+        rows.append(row)
+    return rows
 
 
 def add_loadtest_parser(sub: Any) -> None:

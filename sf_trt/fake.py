@@ -11,6 +11,7 @@ on rollback.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
@@ -62,6 +63,8 @@ class FakePrimitives(PrimitivesBase):
                 f"FakeConfig: need max_lanes >= 1, max_context >= 2, max_rows_per_pass >= max_lanes "
                 f"(got {cfg.max_lanes}, {cfg.max_context}, {cfg.max_rows_per_pass})",
             )
+        if cfg.favour_logit is not None and not math.isfinite(cfg.favour_logit):
+            raise StatusError(Status.BAD_ARGUMENT, f"FakeConfig: favour_logit must be finite (got {cfg.favour_logit!r})")
         top_k_limit = min(cfg.top_k_limit, cfg.vocab)
         super().__init__(
             Capabilities(

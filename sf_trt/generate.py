@@ -33,6 +33,11 @@ DEFAULT_PREFILL_CHUNK = 256
 
 @dataclasses.dataclass
 class Result:
+    """What a request produced. ``finish`` is ``Finish.ERROR`` when the backend
+    failed for it; ``error`` then says which op and why (``tokens`` holds every
+    token drawn before). ``error`` may also report a failed release after a normal
+    finish, which cut nothing."""
+
     tokens: list[int]
     finish: Finish
     prompt_tokens: int

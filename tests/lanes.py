@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 from sf_trt.abi import Finish, Sampling, SamplingParams
 from sf_trt.drafting import PromptLookupConfig
@@ -34,20 +34,27 @@ class LaneRun:
     finish: Finish
     proposed: int = 0
     accepted: int = 0
+    error: Optional[str] = None
 
 
 def run_lanes(
     make_primitives: Callable[[], PrimitivesBase],
     specs: list[LaneSpec],
     draft_config: PromptLookupConfig | None = None,
+    *,
+    executor_config: ExecutorConfig = ExecutorConfig(),
+    before_tick: Optional[Callable[[int, Harness], None]] = None,
 ) -> list[LaneRun]:
     """Run every lane through one executor, ticks interleaved; each lane's result.
 
-    A lane is admitted at its ``admit_tick``, prefilled a chunk per tick, then
-    asks for ``budgets[i]`` tokens in its i-th decode tick until the budgets are
-    used up or it finishes. The harness checks the invariants after every tick.
+    A lane (its id: its index in ``specs``) is admitted at its ``admit_tick``,
+    prefilled a chunk per tick, then asks for ``budgets[i]`` tokens in its i-th
+    decode tick until the budgets are used up or it finishes (a backend fault
+    included). After every tick the harness checks the invariants, and every live
+    lane's tokens must all have been delivered in its emits.
+    ``before_tick(tick, harness)`` is called before each tick that runs a plan.
     """
-    h = Harness.with_engine(Executor(make_primitives(), ExecutorConfig()))
+    h = Harness.with_engine(Executor(make_primitives(), executor_config))
     slot = 0
     if any(s.speculate for s in specs):
         slot, _ = register_prompt_lookup_with(h, ID, DIGEST, 0, draft_config)
@@ -74,6 +81,8 @@ def run_lanes(
                 decodes[i] += 1
             touched.append(i)
         if plan.ops:
+            if before_tick is not None:
+                before_tick(tick, h)
             ev = h.tick_ok(plan)
             for i in touched:
                 e = ev.emit_for(i)
@@ -82,6 +91,9 @@ def run_lanes(
                 runs[i].finish = e.finish
                 runs[i].proposed += e.spec.proposed
                 runs[i].accepted += e.spec.accepted
+                runs[i].error = e.error or runs[i].error
+                if e.finish == Finish.NONE:
+                    assert h.engine.lane_tokens(i)[len(specs[i].prompt):] == runs[i].tokens, f"lane {i}: a token drawn was not delivered"
                 if e.finish != Finish.NONE or decodes[i] == len(specs[i].budgets):
                     if e.finish == Finish.NONE:
                         h.tick_ok(h.plan().release(i))

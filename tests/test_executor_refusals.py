@@ -1,11 +1,21 @@
-"""Every refusal of a plan, a prompt or a registration: its own Status, a message naming what was wrong, nothing lost."""
+"""Every refusal of a plan, a prompt or a registration: its own Status, a message naming what was wrong, nothing lost.
+
+Every case here is a row of docs/errors.md (``REFUSALS``; tests/test_docs_errors.py
+checks the table's Status and message against it).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+import math
 
 import pytest
 from lanes import DIGEST, ID
 
 from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from sf_trt.drafting import PromptLookupConfig
+from sf_trt.engine import TokenRef
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.testing import Harness, register_prompt_lookup_with
@@ -58,6 +68,16 @@ CASES = {
         lambda h, p, s: h.plan().admit(1, p).prefill(1, 0, 3).decode(1, 2).decode(BYSTANDER, 3).decode(9, 1),
         Status.UNKNOWN_LANE, "decode(lane=9)",
     ),
+    "lane id a bool": (lambda h, p, s: h.plan().admit(True, p), Status.BAD_ARGUMENT, "admit(lane=True)"),
+    "prompt id a bool": (lambda h, p, s: h.plan().admit(1, True), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "prompt id a float": (lambda h, p, s: h.plan().admit(1, float(p)), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "strategy slot a bool": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=True), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "strategy slot a float": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=float(s)), Status.BAD_ARGUMENT, "admit(lane=1)"),
+    "sampling mode a bool": (lambda h, p, s: h.plan().admit(1, p, sampling=True), Status.BAD_SAMPLING_MODE, "admit(lane=1)"),
+    "rng counter base a float": (lambda h, p, s: h.plan().admit(1, p, rng_counter_base=3.0), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),
+    "rng counter base a bool": (lambda h, p, s: h.plan().admit(1, p, rng_counter_base=True), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),
+    "prefill bounds as bools": (lambda h, p, s: h.plan().admit(1, p).prefill(1, False, True), Status.PREFILL_OUT_OF_RANGE, "prefill(lane=1"),
+    "decode count a bool": (lambda h, p, s: h.plan().decode(BYSTANDER, True), Status.DECODE_OUT_OF_RANGE, "decode(lane=7"),
 }
 
 
@@ -83,12 +103,20 @@ def test_every_refusal_has_its_own_status():
     assert len(set(statuses)) >= 13
 
 
-@pytest.mark.parametrize(
-    "tokens, status",
-    [([], Status.EMPTY_PROMPT), ([1, 64, 2], Status.TOKEN_OUT_OF_VOCAB), ([1, -1], Status.TOKEN_OUT_OF_VOCAB),
-     (list(range(32)), Status.PROMPT_TOO_LONG), ([1.5, 2.0], Status.BAD_ARGUMENT)],
-)
-def test_bad_prompts_are_refused_at_registration(tokens, status):
+PROMPTS = {
+    "empty prompt": ([], Status.EMPTY_PROMPT),
+    "token past the vocabulary": ([1, 64, 2], Status.TOKEN_OUT_OF_VOCAB),
+    "negative token": ([1, -1], Status.TOKEN_OUT_OF_VOCAB),
+    "prompt filling the context": (list(range(32)), Status.PROMPT_TOO_LONG),
+    "float tokens": ([1.5, 2.0], Status.BAD_ARGUMENT),
+    "a bool among the tokens": ([1, True, 2], Status.BAD_ARGUMENT),
+    "tokens not a 1-D sequence": ([[1, 2]], Status.BAD_ARGUMENT),
+}
+
+
+@pytest.mark.parametrize("case", list(PROMPTS))
+def test_bad_prompts_are_refused_at_registration(case):
+    tokens, status = PROMPTS[case]
     h, _, _ = setup()
     before = h.engine.snapshot()
     with pytest.raises(StatusError) as err:
@@ -98,12 +126,49 @@ def test_bad_prompts_are_refused_at_registration(tokens, status):
     assert h.engine.snapshot() == before
 
 
-def test_registration_refusals_say_why():
-    h, _, _ = setup()
-    with pytest.raises(StatusError, match=r"register_strategy\(prompt_lookup\): kernel capability 0x2"):
-        register_prompt_lookup_with(h, ID, DIGEST, 2)
-    with pytest.raises(StatusError, match="strategy_id must be 32 bytes"):
-        register_prompt_lookup_with(h, b"short", DIGEST, 0)
-    no_rows = Harness.with_engine(Executor(FakePrimitives(FakeConfig(copy_model=True)), ExecutorConfig()))
-    with pytest.raises(StatusError, match="verify_rows=False"):
-        register_prompt_lookup_with(no_rows, ID, DIGEST, 0)
+def no_verify_rows() -> Harness:
+    return Harness.with_engine(Executor(FakePrimitives(FakeConfig(copy_model=True)), ExecutorConfig()))
+
+
+OTHERS = {
+    "kernel capability not offered": lambda: register_prompt_lookup_with(setup()[0], ID, DIGEST, 2),
+    "strategy id of the wrong size": lambda: register_prompt_lookup_with(setup()[0], b"short", DIGEST, 0),
+    "speculation without verify rows": lambda: register_prompt_lookup_with(no_verify_rows(), ID, DIGEST, 0),
+    "speculation without partial rollback": lambda: register_prompt_lookup_with(
+        Harness.with_engine(Executor(FakePrimitives(dataclasses.replace(CFG, truncate_partial=False)))), ID, DIGEST, 0
+    ),
+    "unknown strategy kind": lambda: setup()[0].engine.register_strategy("medusa", ID, DIGEST),
+    "strategy config of the wrong type": lambda: setup()[0].engine.register_strategy("prompt_lookup", ID, DIGEST, 0, {"max_draft": 4}),
+    "draft n-gram sizes out of order": lambda: PromptLookupConfig(ngram_min=3, ngram_max=2),
+    "draft length 0": lambda: PromptLookupConfig(max_draft=0),
+    "ring capacity 0": lambda: ExecutorConfig(ring_capacity=0),
+    "ring capacity a float": lambda: ExecutorConfig(ring_capacity=64.0),
+    "prefill rows 0": lambda: ExecutorConfig(max_prefill_rows=0),
+    "fake vocabulary too small": lambda: FakePrimitives(FakeConfig(vocab=2, eos=1)),
+    "fake favour logit NaN": lambda: FakePrimitives(FakeConfig(favour_logit=math.nan)),
+    "read tokens of no ring": lambda: setup()[0].engine.read_tokens(TokenRef(99, 0, 1)),
+    "read tokens past what was written": lambda: setup()[0].engine.read_tokens(TokenRef(0, 0, 1000)),
+    "drop an unknown prompt": lambda: setup()[0].engine.drop_prompt(999),
+    "drop prompt id a bool": lambda: setup()[0].engine.drop_prompt(True),
+    "tokens of an unknown lane": lambda: setup()[0].engine.lane_tokens(3),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHERS))
+def test_registration_configuration_and_reads_refuse_bad_input(case):
+    with pytest.raises(StatusError):
+        OTHERS[case]()
+
+
+def _refused_plan(case: str) -> None:
+    h, p, slot = setup()
+    h.tick_err(CASES[case][0](h, p, slot))
+    raise h.last_error
+
+
+REFUSALS = {
+    **{case: functools.partial(_refused_plan, case) for case in CASES},
+    **{case: (lambda tokens: lambda: setup()[0].prompt(tokens))(tokens) for case, (tokens, _) in PROMPTS.items()},
+    **OTHERS,
+}
+"""Every refusal above as a call that raises it, by the name docs/errors.md gives it."""
