@@ -11,11 +11,12 @@ anything runs (:mod:`sf_trt.executor`). A tick answers with :class:`Events`: one
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingParams, Status, StatusError
+from .drafting.suffix import DEFAULT_SCOPE
 
 __all__ = [
     "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
@@ -34,6 +35,10 @@ class Admit:
     sampling: Sampling = Sampling.GPU_GREEDY
     params: SamplingParams = SamplingParams()
     rng_counter_base: int = 0
+    draft_scope: Optional[str] = DEFAULT_SCOPE
+    """Whose earlier requests the lane may draft from, and whose corpus its text
+    joins when released (a tenant: API key and user); ``None``: its own text only,
+    nothing kept. Read by drafters that keep a corpus (suffix); never by the model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +79,9 @@ class Plan:
         sampling: Sampling = Sampling.GPU_GREEDY,
         params: SamplingParams = SamplingParams(),
         rng_counter_base: int = 0,
+        draft_scope: Optional[str] = DEFAULT_SCOPE,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base))
+        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, draft_scope))
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":

@@ -1,4 +1,4 @@
-"""The Executor: runs plan ticks on primitives, with exact prompt-lookup speculation.
+"""The Executor: runs plan ticks on primitives, with exact speculation by any drafter.
 
 A tick reads like the design::
 
@@ -38,7 +38,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
-from .drafting import PromptLookupDrafter
+from .drafting import Drafter
 from .engine import Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenRef, TokenRing
 from .primitives import PrimitivesBase, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
@@ -47,6 +47,7 @@ __all__ = ["Executor", "ExecutorConfig"]
 
 _U32 = 2**32
 _I63 = 2**63
+MAX_SCOPE_CHARS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +80,7 @@ class _Lane:
     params: SamplingParams
     rng_counter_base: int
     grant: Optional[Grant]
-    drafter: Optional[PromptLookupDrafter]
+    drafter: Optional[Drafter]
     tokens: list[int]
     prefilled_len: int = 0
     finish: Finish = Finish.NONE
@@ -316,6 +317,10 @@ class Executor:
         base = op.rng_counter_base
         if isinstance(base, bool) or not isinstance(base, (int, np.integer)) or not 0 <= base < _I63:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: rng_counter_base must be an int in 0..2**63-1 (got {base!r})")
+        scope = op.draft_scope
+        if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
+            got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
         if free_after < 0:
             raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use")
 
@@ -325,7 +330,7 @@ class Executor:
         prompt = self._prompts[op.prompt]
         grant = self._grants.get(op.strategy_slot) if op.strategy_slot else None
         tokens = prompt.tolist()
-        drafter = PromptLookupDrafter(grant.config, tokens) if grant is not None else None
+        drafter = grant.new_drafter(tokens, op.draft_scope) if grant is not None else None
         slot = self._free_slots.pop()
         self._lanes[int(op.lane)] = _Lane(
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
@@ -450,6 +455,8 @@ class Executor:
         for lane_id in touched:
             lane = self._lanes[lane_id]
             if lane.finish != Finish.NONE:
+                if lane.drafter is not None:
+                    lane.drafter.retire()  # the suffix drafter's text joins its scope's corpus
                 self.primitives.release(lane.slot)
                 self._free_slots.append(lane.slot)
                 del self._lanes[lane_id]
@@ -479,6 +486,9 @@ class Executor:
         for slot in self._free_slots:
             if self.primitives.state_len(slot) != 0:
                 raise AssertionError(f"free slot {slot}: backend state holds {self.primitives.state_len(slot)} positions")
+        for grant in self._grants.values():
+            if grant.shared is not None:
+                grant.shared.check_integrity()
 
     def snapshot(self) -> tuple:
         """A value that changes whenever the executor's observable state does."""
@@ -486,7 +496,8 @@ class Executor:
             (l.lane_id, l.slot, tuple(l.tokens), l.prefilled_len, int(l.finish), self.primitives.state_len(l.slot))
             for l in sorted(self._lanes.values(), key=lambda l: l.lane_id)
         )
-        return (lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings), tuple(sorted(self._prompts)))
+        shared = tuple(getattr(g.shared, "version", None) for g in self._grants.values())
+        return (lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings), tuple(sorted(self._prompts)), shared)
 
 
 def __getattr__(name: str):
