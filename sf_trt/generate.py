@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from .abi import Finish, Sampling, SamplingParams, Status, StatusError
-from .drafting import PromptLookupConfig
+from .drafting import DEFAULT_SCOPE
 from .engine import Plan
 from .executor import Executor, ExecutorConfig
 from .primitives import PrimitivesBase
+from .strategies import KINDS
 
-STRATEGY_ID = b"sf_trt.prompt_lookup.v1".ljust(32, b"\0")
+
+
+def strategy_id(kind: str) -> bytes:
+    """The 32-byte id the generator registers a drafter kind under."""
+    return f"sf_trt.{kind}.v1".encode().ljust(32, b"\0")
+
+
+STRATEGY_ID = strategy_id("prompt_lookup")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,14 +35,19 @@ class Request:
     """One generation: ``prompt_ids`` continued under ``sampling``/``params``.
 
     ``params.max_tokens`` bounds the output (0: until EOS or the context).
-    ``seed`` is the lane's RNG counter base. ``speculate`` turns prompt lookup on.
+    ``seed`` is the lane's RNG counter base. ``speculate``: a drafter kind
+    (``"prompt_lookup"``, ``"suffix"``), ``"none"`` or False for none, True for the
+    generator's default kind. ``draft_scope``: whose finished requests the suffix
+    drafter may draft from and whose corpus this one joins (see
+    :mod:`sf_trt.drafting.suffix`); None keeps it private.
     """
 
     prompt_ids: Sequence[int]
     sampling: Sampling = Sampling.GPU_GREEDY
     params: SamplingParams = SamplingParams()
     seed: int = 0
-    speculate: bool = True
+    speculate: Union[bool, str] = True
+    draft_scope: Optional[str] = DEFAULT_SCOPE
 
 
 @dataclasses.dataclass
@@ -56,27 +69,62 @@ OnTokens = Callable[[int, list[int]], None]
 
 
 class Generator:
-    """Runs requests through one Executor, ``max_lanes`` of them at a time."""
+    """Runs requests through one Executor, ``max_lanes`` of them at a time.
+
+    Every drafter kind is registered once (``draft_config``: one kind's config,
+    or several, each kind's default otherwise), so requests choose theirs;
+    ``speculate`` is the kind of requests that say ``speculate=True``. The suffix
+    drafter's corpus lives in the executor's grant: it outlives ``run`` calls.
+    """
 
     def __init__(
         self,
         primitives: PrimitivesBase,
         *,
-        draft_config: Optional[PromptLookupConfig] = None,
+        draft_config: Union[Any, Sequence[Any], None] = None,
+        speculate: str = "prompt_lookup",
         tick_tokens: int = 16,
         prefill_chunk: int = 256,
         executor_config: ExecutorConfig = ExecutorConfig(),
     ) -> None:
         if tick_tokens < 1 or prefill_chunk < 1:
             raise StatusError(Status.BAD_ARGUMENT, f"Generator: tick_tokens and prefill_chunk must be >= 1 (got {tick_tokens}, {prefill_chunk})")
+        if speculate not in KINDS:
+            raise StatusError(Status.BAD_ARGUMENT, f"Generator: speculate={speculate!r} is not a drafter kind (kinds: {sorted(KINDS)})")
+        configs = list(draft_config) if isinstance(draft_config, (list, tuple)) else [draft_config] if draft_config is not None else []
+        for config in configs:
+            if not any(isinstance(config, kind.config_type) for kind in KINDS.values()):
+                raise StatusError(Status.BAD_ARGUMENT, f"Generator: draft_config {type(config).__name__} is no drafter kind's config")
         self.primitives = primitives
         self.executor = Executor(primitives, executor_config)
         self.tick_tokens = tick_tokens
         self.prefill_chunk = prefill_chunk
+        self.default_kind = speculate
+        self.slots: dict[str, int] = {}
+        """Each drafter kind's strategy slot (empty when the backend cannot speculate)."""
         caps = primitives.capabilities
-        self.speculation_slot = 0
         if caps.verify_rows and caps.truncate_partial:
-            self.speculation_slot, _ = self.executor.register_strategy("prompt_lookup", STRATEGY_ID, bytes(32), 0, draft_config)
+            for name, kind in KINDS.items():
+                config = next((c for c in configs if isinstance(c, kind.config_type)), None)
+                self.slots[name], _ = self.executor.register_strategy(name, strategy_id(name), bytes(32), 0, config)
+
+    @property
+    def speculation_slot(self) -> int:
+        """The default kind's slot (0: the backend cannot speculate)."""
+        return self.slots.get(self.default_kind, 0)
+
+    def _slot(self, i: int, r: Request) -> int:
+        """The strategy slot request ``i`` asks for (0: none); refused if unknown or impossible."""
+        kind = r.speculate
+        if kind is False or kind == "none":
+            return 0
+        if kind is True:
+            kind = self.default_kind
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise StatusError(Status.BAD_ARGUMENT, f"request {i}: speculate={r.speculate!r} is not a drafter kind, True, False or 'none' (kinds: {sorted(KINDS)})")
+        if not self.slots:
+            raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, "generate: this backend cannot speculate (no verify rows or partial rollback)")
+        return self.slots[kind]
 
     def run(self, requests: Sequence[Request], on_tokens: Optional[OnTokens] = None) -> list[Result]:
         """Run every request to its finish; results in request order.
@@ -86,8 +134,7 @@ class Generator:
         runs: prompts are registered, and so checked, up front.
         """
         ex = self.executor
-        if any(r.speculate for r in requests) and not self.speculation_slot:
-            raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, "generate: this backend cannot speculate (no verify rows or partial rollback)")
+        slots = [self._slot(i, r) for i, r in enumerate(requests)]
         prompt_ids: list[int] = []
         results: list[Optional[Result]] = [None] * len(requests)
         pending = list(range(len(requests)))
@@ -101,8 +148,8 @@ class Generator:
                 while pending and len(live) < max_lanes:
                     i = pending.pop(0)
                     r = requests[i]
-                    plan.admit(i, prompt_ids[i], strategy_slot=self.speculation_slot if r.speculate else 0,
-                               sampling=r.sampling, params=r.params, rng_counter_base=r.seed)
+                    plan.admit(i, prompt_ids[i], strategy_slot=slots[i], sampling=r.sampling, params=r.params,
+                               rng_counter_base=r.seed, draft_scope=r.draft_scope)
                     live[i] = {"prefilled": 0, "t0": time.perf_counter()}
                     results[i] = Result([], Finish.NONE, len(r.prompt_ids), 0.0)
                 for i, state in live.items():

@@ -215,6 +215,12 @@ class SuffixAutomaton:
     def count(self, state: int) -> int:
         return self._count[state]
 
+    def first_odds(self, state: int, skip_last: bool = False) -> float:
+        """How often the likeliest next token followed the cursor's context (see
+        :meth:`continue_from`); 0.0 when nothing did."""
+        seen = self._count[state] - skip_last
+        return self._best_count[state] / seen if seen > 0 and self._best[state] >= 0 else 0.0
+
     def continue_from(self, state: int, matched: int, max_len: int, min_prob: float, skip_last: bool = False) -> tuple[list[int], float]:
         """Follow the most frequent continuation of a cursor for up to ``max_len`` tokens.
 

@@ -14,9 +14,10 @@ over finished requests. A new request goes into the newest generation; when the
 scope holds more than ``corpus_tokens`` tokens or ``corpus_requests`` requests,
 its oldest generation is dropped whole (oldest out first, O(1) per eviction: an
 automaton cannot forget one string cheaply, but it can be forgotten entirely).
-So the corpus keeps between ``(1 - 1/corpus_generations)`` of its bound and all
-of it, and a lane's cost per token is O(window + generations) however long its
-history and however large the corpus.
+A generation takes requests until it holds ``1/corpus_generations`` of either
+bound, so a scope has at most ``corpus_generations + 1`` automata and an
+eviction drops about that share of the corpus. A lane's cost per token is
+O(window + generations) however long its history and however large the corpus.
 
 Scopes. Every lane names a scope at admission (``draft_scope``); it drafts only
 from finished requests of the same scope, and its own text enters only that
@@ -152,10 +153,10 @@ class SuffixCorpus:
                 self._scopes.popitem(last=False)
         self._scopes.move_to_end(scope)
         gen = s.generations[-1] if s.generations else None
-        if gen is None or gen.tokens + len(tokens) > self._gen_tokens or gen.requests >= self._gen_requests:
-            if gen is None or gen.requests:  # a fresh automaton, unless the newest is still empty
-                gen = Generation(next(self._gen_ids), SuffixAutomaton(cfg.max_match))
-                s.generations.append(gen)
+        if (gen is None or gen.tokens >= self._gen_tokens or gen.requests >= self._gen_requests
+                or gen.tokens + len(tokens) > cfg.corpus_tokens or gen.requests >= cfg.corpus_requests):
+            gen = Generation(next(self._gen_ids), SuffixAutomaton(cfg.max_match))  # the newest one is full
+            s.generations.append(gen)
         gen.automaton.extend(tokens)
         gen.automaton.append(SEP)
         gen.tokens += len(tokens)
@@ -163,7 +164,7 @@ class SuffixCorpus:
         s.tokens += len(tokens)
         s.requests += 1
         while s.tokens > cfg.corpus_tokens or s.requests > cfg.corpus_requests:
-            old = s.generations.pop(0)  # never the newest: it alone fits the bounds
+            old = s.generations.pop(0)  # never the newest: it fits the bounds by itself
             s.tokens -= old.tokens
             s.requests -= old.requests
         self.version += 1
@@ -259,20 +260,24 @@ class SuffixDrafter:
         if self._cap.backing_off():  # one call per decode step
             return []
         cfg = self._cfg
-        best: list[int] = []
-        best_score = 0.0
         state, matched = self._own.earlier_match()
-        sources = [(self._own, state, matched, True)]
+        sources = [(matched, self._own, state, True)]
         gens = self._generations()
         if len(self._cursors) > len(gens):  # generations were dropped
             live = {g.gen_id for g in gens}
             self._cursors = {k: v for k, v in self._cursors.items() if k in live}
         for gen in reversed(gens):  # newest first: ties go to the own text, then to the newest
-            sources.append((gen.automaton, *self._cursor(gen), False))
-        for sam, state, matched, own in sources:
+            state, matched = self._cursor(gen)
+            sources.append((matched, gen.automaton, state, False))
+        sources.sort(key=lambda src: -src[0])  # longest match first (stable)
+        best: list[int] = []
+        best_score = 0.0
+        for matched, sam, state, own in sources:
             if matched < cfg.min_match:
-                continue
+                break
             limit = min(max_len, max(1, int(cfg.match_factor * matched)))
+            if limit * sam.first_odds(state, skip_last=own) <= best_score:
+                continue  # cannot beat the best so far: a draft's score is at most limit x its first odds
             draft, score = sam.continue_from(state, matched, limit, cfg.min_prob, skip_last=own)
             if score > best_score:
                 best, best_score = draft, score
