@@ -212,7 +212,7 @@ def cmd_generate(args) -> int:
     mode, params = _sampling(args)
     prims = open_model(args, max_lanes=1, max_context=context_for(args, [len(ids) + params.max_tokens]), progress=not args.json)
     gen = _generator(prims, args)
-    request = Request(ids, mode, params, seed=args.seed, speculate=args.speculate == "prompt-lookup")
+    request = Request(ids, mode, params, seed=args.seed, speculate=args.speculate.replace("-", "_"))
     stream = tok.stream(skip_special=True)
     on_tokens = None
     if not args.json:
@@ -364,8 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="raw text, tokenized as it is")
     src.add_argument("--chat", help="a user message, wrapped in the model's chat template")
     src.add_argument("--prompt-ids", type=_parse_ids, help="token ids, comma-separated")
-    g.add_argument("--speculate", choices=("none", "prompt-lookup"), default="prompt-lookup",
-                   help="prompt-lookup (default) drafts from the prompt and verifies in one pass; output is identical either way")
+    g.add_argument("--speculate", choices=("none", "prompt-lookup", "suffix"), default="prompt-lookup",
+                   help="prompt-lookup (default) drafts from the prompt; suffix also from earlier requests' text; "
+                   "drafts are verified in one pass, so output is identical either way")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     _add_sampling_flags(g, 256)
     _add_model_flags(g)

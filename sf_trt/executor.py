@@ -161,6 +161,12 @@ class Executor:
         self._grants[grant.slot] = grant
         return grant.slot, list(grant.certs)
 
+    def shared_state(self, slot: int) -> Any:
+        """What the lanes of a granted slot share (the suffix drafter's corpus), or None."""
+        if slot not in self._grants:
+            raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, f"shared_state({slot!r}): slot never granted (granted: {sorted(self._grants)})")
+        return self._grants[slot].shared
+
     def register_prompt(self, tokens: Any) -> int:
         """Store a prompt; its id is what ``Plan.admit`` takes."""
         arr = np.asarray(tokens)

@@ -80,14 +80,16 @@ def test_bad_prompts_are_refused(args, words):
 @pytest.mark.slow
 def test_generate_json_is_the_same_with_and_without_speculation():
     runs = {}
-    for spec in ("none", "prompt-lookup"):
+    for spec in ("none", "prompt-lookup", "suffix"):
         proc = sf_trt("generate", "--prompt", "one two three four one two three four one two", "--max-tokens", "24",
                       "--temperature", "0.7", "--seed", "5", "--speculate", spec, "--json", check=True)
         runs[spec] = json.loads(proc.stdout)
-    plain, spec = runs["none"], runs["prompt-lookup"]
+    plain = runs["none"]
     assert set(plain) == {"tokens", "text", "finish", "prompt_tokens", "seconds", "tokens_per_s", "proposed", "accepted"}
-    assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
-    assert plain["proposed"] == 0 and spec["proposed"] > 0
+    for spec in (runs["prompt-lookup"], runs["suffix"]):
+        assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
+        assert spec["proposed"] > 0
+    assert plain["proposed"] == 0
     assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"
 
 

@@ -278,3 +278,37 @@ def test_adaptive_drafting_shrinks_drafts_after_rejections():
     fixed = PromptLookupDrafter(PromptLookupConfig(max_draft=8, adaptive=False))
     fixed.observe(8, 0)
     assert fixed.draft_cap == 8
+
+
+@SETTINGS
+@given(a_first=st.lists(lane_specs(), min_size=1, max_size=3), a_then=st.lists(lane_specs(), min_size=1, max_size=3),
+       cfg=suffix_configs)
+def test_what_ran_in_scope_b_changes_nothing_a_lane_in_scope_a_does(a_first, a_then, cfg):
+    """Scope b runs the very requests scope a runs next: if a could draft from b's
+    text it would take other drafts and other passes. It emits exactly the same."""
+    cfg = dataclasses.replace(cfg, corpus_scopes=2)
+    in_scope = lambda specs, scope: [dataclasses.replace(s, speculate=True, scope=scope) for s in specs]  # noqa: E731
+    runs = []
+    for b_runs_first in (False, True):
+        h = Harness.with_engine(Executor(fake()(), ExecutorConfig()))
+        run_lanes(fake(), in_scope(a_first, "a"), cfg, harness=h)
+        if b_runs_first:
+            run_lanes(fake(), in_scope(a_then, "b"), cfg, harness=h)
+        runs.append(run_lanes(fake(), in_scope(a_then, "a"), cfg, harness=h))
+    assert runs[0] == runs[1], "tokens, finish, drafts proposed and accepted, passes: all the same"
+
+
+def test_a_repeated_request_drafts_from_its_scopes_corpus():
+    cfg = FakeConfig(vocab=512, eos=511, copy_model=True, verify_rows=True, max_lanes=4, max_context=256)
+    make = functools.partial(FakePrimitives, cfg)
+    spec = LaneSpec(prompt=tuple(range(40, 70)), params=SamplingParams(flags=SamplingFlag.IGNORE_EOS), budgets=(80,), speculate=True)
+    h = Harness.with_engine(Executor(make(), ExecutorConfig()))
+    suffix = SuffixConfig()
+    (first,) = run_lanes(make, [spec], suffix, harness=h)
+    (again,) = run_lanes(make, [spec], suffix, harness=h)
+    (elsewhere,) = run_lanes(make, [dataclasses.replace(spec, scope="other")], suffix, harness=h)
+    (lookup,) = run_lanes(make, [spec], PromptLookupConfig())
+    assert first.tokens == again.tokens == elsewhere.tokens == lookup.tokens
+    assert again.accepted >= 70 and again.passes <= 8, f"the whole output was drafted from the corpus ({again})"
+    assert (elsewhere.accepted, elsewhere.passes) == (first.accepted, first.passes), "another scope drafts as the first request did"
+    assert again.passes < lookup.passes

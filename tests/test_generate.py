@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
@@ -40,3 +42,36 @@ def test_a_bad_request_is_refused_before_any_runs_and_leaves_nothing_behind():
     assert err.value.status == Status.EMPTY_PROMPT
     assert gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()
     assert len(gen.run([Request([1, 2, 3], params=SamplingParams(max_tokens=4))])[0].tokens) == 4
+
+
+def test_each_request_chooses_its_drafter_and_scope_and_emits_what_it_emits_alone():
+    gen = Generator(FakePrimitives(CFG), tick_tokens=5, prefill_chunk=4, speculate="suffix")
+    kinds = [True, "suffix", "prompt_lookup", False, "none", "suffix", True]
+    scopes = ["", "t1", "t1", "t2", None, None, "t2"]
+    reqs = [dataclasses.replace(r, speculate=k, draft_scope=s) for r, k, s in zip(requests(), kinds, scopes)]
+    for _ in range(2):  # the second round drafts from the first round's corpus
+        together = gen.run(reqs)
+        for req, res in zip(reqs, together):
+            (alone,) = Generator(FakePrimitives(CFG)).run([dataclasses.replace(req, speculate=False)])
+            assert (res.tokens, res.finish) == (alone.tokens, alone.finish)
+            if req.speculate in (False, "none"):
+                assert res.proposed == 0
+    corpus = gen.executor.shared_state(gen.slots["suffix"])
+    assert corpus.stats("")[1] == 2 and corpus.stats("t1")[1] == 2 and corpus.stats("t2")[1] == 2, "suffix lanes only, private ones not"
+    gen.executor.check_integrity()
+
+
+@pytest.mark.parametrize("speculate, status, words", [
+    ("eagle", Status.BAD_ARGUMENT, "request 1: speculate='eagle' is not a drafter kind"),
+    (3, Status.BAD_ARGUMENT, "request 1: speculate=3"),
+])
+def test_an_unknown_drafter_is_refused_before_any_request_runs(speculate, status, words):
+    gen = Generator(FakePrimitives(CFG))
+    with pytest.raises(StatusError) as err:
+        gen.run([Request([1, 2, 3]), Request([1, 2, 3], speculate=speculate)])
+    assert err.value.status == status and words in str(err.value)
+    assert gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()
+    with pytest.raises(StatusError, match="speculate='eagle' is not a drafter kind"):
+        Generator(FakePrimitives(CFG), speculate="eagle")
+    with pytest.raises(StatusError, match="draft_config dict is no drafter kind's config"):
+        Generator(FakePrimitives(CFG), draft_config={"max_draft": 4})

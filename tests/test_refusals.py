@@ -13,11 +13,13 @@ import math
 import numpy as np
 import pytest
 
-from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from sf_trt.abi import CertMode, Exactness, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from sf_trt.drafting import PromptLookupConfig
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.primitives import Rows
-from sf_trt.testing import Harness, register_prompt_lookup_with
+from sf_trt.strategies import KINDS
+from sf_trt.testing import Harness, register_drafter_with, register_prompt_lookup_with
 
 from lanes import DIGEST, ID
 
@@ -63,6 +65,8 @@ CASES = {
     "unknown sampling mode": (lambda h, p, s: h.plan().admit(1, p, sampling=5), Status.BAD_SAMPLING_MODE, "admit(lane=1)"),
     "out of lane slots": (lambda h, p, s: h.plan().admit(1, p).admit(2, p).admit(3, p), Status.CAPACITY_EXHAUSTED, "admit(lane=3)"),
     "lane id not an int": (lambda h, p, s: h.plan().decode("7", 1), Status.BAD_ARGUMENT, "decode(lane='7')"),
+    "draft scope not a str": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=s, draft_scope=5), Status.BAD_ARGUMENT, "admit(lane=1): draft_scope"),
+    "draft scope too long": (lambda h, p, s: h.plan().admit(1, p, draft_scope="k" * 1025), Status.BAD_ARGUMENT, "1025 characters"),
     "a bad op after good ones": (
         lambda h, p, s: h.plan().admit(1, p).prefill(1, 0, 3).decode(1, 2).decode(BYSTANDER, 3).decode(9, 1),
         Status.UNKNOWN_LANE, "decode(lane=9)",
@@ -129,6 +133,21 @@ def test_registration_refusals_say_why():
     no_rows = Harness.with_engine(Executor(FakePrimitives(FakeConfig(copy_model=True)), ExecutorConfig()))
     with pytest.raises(StatusError, match="verify_rows=False"):
         register_prompt_lookup_with(no_rows, ID, DIGEST, 0)
+    with pytest.raises(StatusError, match=r"register_strategy\(suffix\): the backend cannot roll"):
+        no_rollback = FakePrimitives(FakeConfig(copy_model=True, verify_rows=True, truncate_partial=False))
+        register_drafter_with(Harness.with_engine(Executor(no_rollback, ExecutorConfig())), "suffix", ID, DIGEST, 0)
+    with pytest.raises(StatusError, match=r"register_strategy\(suffix\): config must be a SuffixConfig \(got PromptLookupConfig\)"):
+        register_drafter_with(h, "suffix", ID, DIGEST, 0, PromptLookupConfig())
+    with pytest.raises(StatusError, match=r"unknown strategy kind \(known: \['prompt_lookup', 'suffix'\]\)"):
+        register_drafter_with(h, "eagle", ID, DIGEST, 0)
+
+
+def test_every_drafter_kind_is_certified_exact_the_same_way():
+    h, _, _ = setup()
+    for kind in KINDS:
+        slot, certs = register_drafter_with(h, kind, ID, DIGEST, 0)
+        assert slot != 0
+        assert [(c.exactness, c.sampling_modes) for c in certs] == [(Exactness.DISTRIBUTION_EXACT, CertMode.GREEDY | CertMode.GUMBEL)]
 
 
 # -- the primitives' seam ------------------------------------------------------------
