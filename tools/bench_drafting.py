@@ -29,6 +29,12 @@ request) rerun through the real Generator and Executor on a backend that draws
 the recorded tokens: drafting statistics exactly as with the model, in seconds,
 for tuning drafter settings (``--suffix`` / ``--prompt-lookup`` key=value).
 
+``--cost``: drafting's own cost, no model: microseconds per token to extend
+and propose at a 1k history over a 1k-token corpus and at a 32k history over a
+1M-token corpus (real tokens: the standard library's sources through the
+model's tokenizer), interleaved in rounds so load hits both alike; also the
+corpus's build cost and memory per token.
+
 ``--arctic``: the same streams, one request after another, drafted by our
 drafters and by ArcticInference's ``SuffixDecodingCache``, for acceptance
 lengths (dev-time only: build its ``_C`` extension into a throwaway venv and run
@@ -102,8 +108,8 @@ def agent_turn(episode: int, turn: int, name: str, code: str, previous: Optional
     lines = code.splitlines()
     chunk = "\n".join(lines[turn * 4 : turn * 4 + 4]) or "(end of function)"
     text = f"Task: write a docstring for `{name}`.\nStep {turn + 1} of 5.\n"
-    if previous is not None:
-        text += f"Your previous reply:\n{previous}\n"
+    if previous is not None:  # the last 800 characters: prompts stay well inside the context
+        text += f"Your previous reply:\n{previous[-800:]}\n"
     text += f"Observation (the next lines of the function):\n```python\n{chunk}\n```\nRestate your plan, then give your next action."
     messages = [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": text}]
     return {"id": f"agent{episode}:turn{turn}", "messages": messages, "max_tokens": 96}
@@ -274,6 +280,97 @@ def replay(path: Path, lanes_list: list[int], configs: dict[str, Any]) -> dict:
     return out
 
 
+# -- cost: drafting per token at 1k and at 32k history / 1M corpus -----------------------------------
+
+
+def stdlib_tokens(n: int) -> list[int]:
+    """At least ``n`` tokens of standard-library source, through the model's tokenizer."""
+    from sf_trt.models import default_model_dir
+    from sf_trt.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(default_model_dir(progress=False, weight_dtype="int8"))
+    ids: list[int] = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        ids.extend(tok.encode(path.read_text(encoding="utf-8", errors="replace")))
+        if len(ids) >= n:
+            break
+    return ids
+
+
+def cost(rounds: int = 5, steps: int = 1000) -> dict:
+    import resource
+    import tracemalloc
+
+    corpus_big, history_big = 1 << 20, 32 << 10
+    text = stdlib_tokens(corpus_big + history_big + 2 * (1024 + 1024) + 2 * rounds * steps)
+    cfg = SuffixConfig()
+    setups = {}
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    at = 0
+    for label, corpus_len, history_len in (("1k / 1k", 1024, 1024), ("32k / 1M", corpus_big, history_big)):
+        corpus = SuffixCorpus(cfg)
+        t0 = time.perf_counter()
+        for lo in range(at, at + corpus_len, 1000):  # requests of 1000 tokens
+            corpus.add("", text[lo : min(lo + 1000, at + corpus_len)])
+        build = time.perf_counter() - t0
+        at += corpus_len
+        history = text[at : at + history_len]
+        at += history_len
+        t0 = time.perf_counter()
+        setups[label] = {
+            "suffix": SuffixDrafter(cfg, history, corpus), "prompt_lookup": PromptLookupDrafter(PromptLookupConfig(), history),
+            "corpus_tokens": corpus_len, "history": history_len, "build_us_per_token": 1e6 * build / corpus_len,
+            "generations": len(corpus.generations("")),
+        }
+        setups[label]["own_build_us_per_token"] = 1e6 * (time.perf_counter() - t0) / history_len
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
+    tracemalloc.start()
+    sample = SuffixCorpus(cfg)
+    for lo in range(0, 100_000, 1000):
+        sample.add("", text[lo : lo + 1000])
+    corpus_bytes = tracemalloc.get_traced_memory()[0] / 100_000
+    tracemalloc.stop()
+    stream = text[at:]
+    spent = {(label, kind): [0.0, 0, 0] for label in setups for kind in ("suffix", "prompt_lookup")}
+    for r in range(rounds):  # interleaved: every setup and kind in every round
+        for label, setup in setups.items():
+            for kind in ("suffix", "prompt_lookup"):
+                d = setup[kind]
+                chunk = stream[(2 * r) * steps : (2 * r + 1) * steps] if kind == "suffix" else stream[(2 * r + 1) * steps : (2 * r + 2) * steps]
+                drafted = 0
+                t0 = time.perf_counter()
+                for tok in chunk:
+                    d.extend((tok,))
+                    drafted += len(d.propose(16))
+                acc = spent[(label, kind)]
+                acc[0] += time.perf_counter() - t0
+                acc[1] += len(chunk)
+                acc[2] += drafted
+    rows = []
+    for (label, kind), (secs, n, drafted) in spent.items():
+        setup = setups[label]
+        rows.append({"setup": label, "kind": kind, "us_per_token": 1e6 * secs / n, "mean_draft": drafted / n,
+                     "us_per_token_and_draft_token": 1e6 * secs / (n + drafted), "generations": setup["generations"],
+                     "corpus_build_us_per_token": setup["build_us_per_token"] if kind == "suffix" else None,
+                     "history_build_us_per_token": setup["own_build_us_per_token"] if kind == "suffix" else None})
+    return {"rows": rows, "corpus_bytes_per_token": corpus_bytes, "max_rss_growth_kib": rss}
+
+
+def print_cost(report: dict) -> None:
+    print(f"{'history / corpus':<17} {'drafter':<14} {'us/token':>9} {'mean draft':>10} {'us/(token+draft)':>17} {'generations':>11} {'corpus build us/token':>21}")
+    for r in report["rows"]:
+        build = f"{r['corpus_build_us_per_token']:.1f}" if r["corpus_build_us_per_token"] is not None else "-"
+        print(f"{r['setup']:<17} {r['kind']:<14} {r['us_per_token']:>9.1f} {r['mean_draft']:>10.2f} "
+              f"{r['us_per_token_and_draft_token']:>17.2f} {r['generations']:>11} {build:>21}")
+    by = {(r["setup"], r["kind"]): r for r in report["rows"]}
+    for kind in ("suffix", "prompt_lookup"):
+        big, small = by[("32k / 1M", kind)], by[("1k / 1k", kind)]
+        print(f"{kind}: 32k / 1M over 1k / 1k: {big['us_per_token'] / small['us_per_token']:.2f}x per token, "
+              f"{big['us_per_token_and_draft_token'] / small['us_per_token_and_draft_token']:.2f}x per token and draft token")
+    print(f"corpus memory: {report['corpus_bytes_per_token']:.0f} bytes per token (tracemalloc, 100k tokens); "
+          f"max RSS grew {report['max_rss_growth_kib'] / 1024:.0f} MiB building both setups")
+
+
 # -- arctic: the same streams through ArcticInference's suffix cache (dev only) ----------------------
 
 
@@ -388,10 +485,17 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=Path("bench_drafting.json"))
     ap.add_argument("--replay", type=Path, help="replay recorded streams (no model): drafting statistics only")
     ap.add_argument("--arctic", type=Path, help="compare with ArcticInference's suffix cache on recorded streams (dev only)")
+    ap.add_argument("--cost", action="store_true", help="drafting cost per token at 1k and at 32k history / 1M corpus (no model)")
     ap.add_argument("--suffix", nargs="*", default=[], metavar="KEY=VALUE", help="SuffixConfig fields (replay)")
     ap.add_argument("--prompt-lookup", nargs="*", default=[], metavar="KEY=VALUE", help="PromptLookupConfig fields (replay)")
     args = ap.parse_args(argv)
 
+    if args.cost:
+        report = cost()
+        print_cost(report)
+        args.json.write_text(json.dumps({"cost": report, "load": os.getloadavg()}))
+        print(f"wrote {args.json}")
+        return 0
     if args.arctic:
         print(json.dumps(compare_arctic(args.arctic, SuffixConfig().max_draft), indent=1))
         return 0
@@ -407,7 +511,7 @@ def main(argv=None) -> int:
 
     load_before = os.getloadavg()
     prims = OrtDecoderPrimitives(default_model_dir(progress=True, weight_dtype="int8"), max_lanes=max(args.lanes),
-                                 max_context=768, threads=args.threads)
+                                 max_context=1024, threads=args.threads)
     tok = prims.tokenizer
     gen = Generator(prims, tick_tokens=TICK_TOKENS)
 

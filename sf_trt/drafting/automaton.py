@@ -50,7 +50,7 @@ class SuffixAutomaton:
     """
 
     __slots__ = ("window", "_len", "_link", "_count", "_best", "_best_count", "_tok", "_to", "_more",
-                 "_last", "_tail", "_tail_len", "positions")
+                 "_last", "_tail", "_tail_len", "positions", "work")
 
     def __init__(self, window: int, tokens: Iterable[int] = ()) -> None:
         self.window = window
@@ -66,6 +66,9 @@ class SuffixAutomaton:
         self._tail = 0  # the state of the text's last _tail_len = min(W + 1, n) tokens
         self._tail_len = 0
         self.positions = 0
+        self.work = 0
+        """States visited so far by appends, cursor steps and continuations (a cost
+        tally for tests and benchmarks: the steps that could grow with the text)."""
         self.extend(tokens)
 
     @property
@@ -121,9 +124,11 @@ class SuffixAutomaton:
         length, link = self._len, self._link
         cur = self._new_state(length[self._last] + 1, 0)
         p = self._last
+        visited = 1
         while p >= 0 and self.next_state(p, x) < 0:
             self._set(p, x, cur)
             p = link[p]
+            visited += 1
         if p >= 0:
             q = self.next_state(p, x)
             if length[p] + 1 == length[q]:
@@ -133,9 +138,11 @@ class SuffixAutomaton:
                 while p >= 0 and self.next_state(p, x) == q:
                     self._set(p, x, clone)
                     p = link[p]
+                    visited += 1
                 link[q] = clone
                 link[cur] = clone
         self._last = cur
+        self.work += visited
 
     def _count_suffixes(self, x: int) -> None:
         """Add the new position to the counts of the suffixes of <= W + 1 tokens, and
@@ -158,9 +165,11 @@ class SuffixAutomaton:
             if length[link[t]] >= n:
                 t = link[t]
         self._tail, self._tail_len = t, n
+        visited = 0
         while t > 0:
             count[t] += 1
             t = link[t]
+            visited += 1
         while p >= 0:
             if tok[p] == x:
                 c = count[to[p]]
@@ -170,24 +179,33 @@ class SuffixAutomaton:
                 best[p] = x
                 best_count[p] = c
             p = link[p]
+            visited += 1
+        self.work += visited
 
     # -- reading ------------------------------------------------------------------------------
 
     def step(self, state: int, matched: int, x: int) -> tuple[int, int]:
         """Advance a matching cursor by query token ``x``: the longest suffix of the
         query (at most W tokens) that occurs in the text, as ``(state, length)``."""
-        length, link = self._len, self._link
-        nxt = self.next_state(state, x)
-        while nxt < 0 and state:
+        tok, to, more, link = self._tok, self._to, self._more, self._link  # next_state, inlined: the hot path
+        self.work += 1
+        while True:
+            if tok[state] == x:
+                nxt = to[state]
+                break
+            m = more.get(state)
+            if m is not None and x in m:
+                nxt = m[x]
+                break
+            if not state:
+                return 0, 0
             state = link[state]
-            matched = length[state]
-            nxt = self.next_state(state, x)
-        if nxt < 0:
-            return 0, 0
+            matched = self._len[state]
+            self.work += 1
         matched += 1
         if matched > self.window:
             matched = self.window
-            if length[link[nxt]] >= matched:
+            if self._len[link[nxt]] >= matched:
                 nxt = link[nxt]
         return nxt, matched
 
@@ -232,6 +250,7 @@ class SuffixAutomaton:
         sum of the running products (the expected number of tokens accepted).
         """
         length, link, count, best, best_count = self._len, self._link, self._count, self._best, self._best_count
+        tok, to, more = self._tok, self._to, self._more
         window = self.window
         draft: list[int] = []
         prob, score = 1.0, 0.0
@@ -245,11 +264,12 @@ class SuffixAutomaton:
                 break
             draft.append(token)
             score += prob
-            state = self.next_state(state, token)
+            state = to[state] if tok[state] == token else more[state][token]  # best is always a transition
             matched += 1
             if matched > window:
                 matched = window
                 if length[link[state]] >= window:
                     state = link[state]
             seen = count[state]
+        self.work += len(draft) + 1
         return draft, score
