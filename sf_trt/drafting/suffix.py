@@ -54,6 +54,8 @@ class SuffixConfig:
     ``match_factor``: a draft is at most ``match_factor x`` the match's length.
     ``min_prob``: a draft stops where the estimated odds that all of it is taken
     fall below this.
+    ``shorter_contexts``: per source, also continue this many shorter contexts
+    than the longest match (they have seen more occurrences).
     ``adaptive``/``max_backoff``: adapt the draft length to measured acceptance
     (:class:`~sf_trt.drafting.base.DraftCap`).
     ``corpus_tokens``/``corpus_requests``: per scope, the most tokens and
@@ -66,6 +68,7 @@ class SuffixConfig:
     min_match: int = 1
     match_factor: float = 2.0
     min_prob: float = 0.1
+    shorter_contexts: int = 0
     adaptive: bool = True
     max_backoff: int = 4
     corpus_tokens: int = 1 << 20
@@ -80,6 +83,7 @@ class SuffixConfig:
         check_draft_config("SuffixConfig", self.max_draft, self.max_backoff)
         ints = {
             "max_match": (1, 256), "min_match": (1, self.max_match if isinstance(self.max_match, int) else 256),
+            "shorter_contexts": (0, 256),
             "corpus_tokens": (0, 1 << 30), "corpus_requests": (0, 1 << 30),
             "corpus_generations": (1, 64), "corpus_scopes": (1, 1 << 16),
         }
@@ -275,12 +279,15 @@ class SuffixDrafter:
         for matched, sam, state, own in sources:
             if matched < cfg.min_match:
                 break
-            limit = min(max_len, max(1, int(cfg.match_factor * matched)))
-            if limit * sam.first_odds(state, skip_last=own) <= best_score:
-                continue  # cannot beat the best so far: a draft's score is at most limit x its first odds
-            draft, score = sam.continue_from(state, matched, limit, cfg.min_prob, skip_last=own)
-            if score > best_score:
-                best, best_score = draft, score
+            for _ in range(cfg.shorter_contexts + 1):
+                limit = min(max_len, max(1, int(cfg.match_factor * matched)))
+                if limit * sam.first_odds(state, skip_last=own) > best_score:  # else it cannot beat the best
+                    draft, score = sam.continue_from(state, matched, limit, cfg.min_prob, skip_last=own)
+                    if score > best_score:
+                        best, best_score = draft, score
+                state, matched = sam.shorter(state)
+                if matched < cfg.min_match:
+                    break
         return best
 
     def observe(self, proposed: int, accepted: int) -> None:
