@@ -25,67 +25,14 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-__all__ = ["GGUFError", "LlamaConfig", "LlamaLayerWeights", "LlamaWeights", "load_gguf", "open_reader", "read_config", "unpermute_rotary_rows"]
+from sf_trt.formats.model_dir import LlamaConfig
+from sf_trt.tokenizer import Tokenizer, TokenizerError
+
+__all__ = ["GGUFError", "LlamaLayerWeights", "LlamaWeights", "load_gguf", "open_reader", "read_config", "read_tokenizer", "check_gguf_file", "unpermute_rotary_rows"]
 
 
 class GGUFError(ValueError):
     """A GGUF file this loader cannot use; the message names the file and what was wrong."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LlamaConfig:
-    """The shape of a Llama decoder, validated when constructed."""
-
-    n_layers: int
-    hidden: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    rope_theta: float
-    rms_eps: float
-    context_length: int
-    tied_embeddings: bool
-    bos: int
-    eos: int
-
-    def __post_init__(self) -> None:
-        for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab", "context_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"LlamaConfig: {name} must be a positive int (got {value!r})")
-            object.__setattr__(self, name, int(value))
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"LlamaConfig: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"LlamaConfig: head_dim must be even for rotary embeddings (got {self.head_dim})")
-        if not (self.rope_theta > 0 and self.rms_eps > 0):
-            raise ValueError(f"LlamaConfig: rope_theta and rms_eps must be > 0 (got {self.rope_theta}, {self.rms_eps})")
-        object.__setattr__(self, "rope_theta", float(self.rope_theta))
-        object.__setattr__(self, "rms_eps", float(self.rms_eps))
-        object.__setattr__(self, "tied_embeddings", bool(self.tied_embeddings))
-        for name in ("bos", "eos"):
-            value = int(getattr(self, name))
-            if not 0 <= value < self.vocab:
-                raise ValueError(f"LlamaConfig: {name} token {value} outside 0..{self.vocab - 1}")
-            object.__setattr__(self, name, value)
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head."""
-        return self.n_heads // self.n_kv_heads
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = names - set(d)
-        if missing:
-            raise ValueError(f"LlamaConfig.from_dict: missing {sorted(missing)}")
-        return cls(**{k: d[k] for k in names})
 
 
 @dataclasses.dataclass
@@ -168,6 +115,17 @@ def open_reader(path: str | os.PathLike):
         return gguf.GGUFReader(path)
     except Exception as exc:  # the reader raises ValueError/IndexError/... on a cut file
         raise GGUFError(f"{path}: GGUF file is truncated or corrupt ({type(exc).__name__}: {exc})") from exc
+
+
+def check_gguf_file(path: str | os.PathLike) -> None:
+    """Parse ``path``'s header, check it is a Llama GGUF whose tensor data fits in
+    the file; GGUFError naming what is wrong (a few seconds for a 49k vocabulary)."""
+    reader = open_reader(path)
+    read_config(reader)
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    size = os.path.getsize(path)
+    if end > size:
+        raise GGUFError(f"{os.fspath(path)}: truncated GGUF (tensor data runs to byte {end}, the file has {size})")
 
 
 def _path_of(reader) -> str:
@@ -281,3 +239,22 @@ def load_gguf(
     except ValueError as exc:
         raise GGUFError(f"{_path_of(reader)}: {exc}") from exc
     return cfg, weights
+
+
+def read_tokenizer(reader) -> Tokenizer:
+    """The model's tokenizer from an open GGUF reader's ``tokenizer.ggml.*`` metadata.
+
+    Refuses a tokenizer model other than ``gpt2`` (byte-level BPE), naming it.
+    """
+    model = _field(reader, "tokenizer.ggml.model", None, required=False)
+    if model != "gpt2":
+        raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (expected 'gpt2', byte-level BPE)")
+    return Tokenizer.from_vocab(
+        _field(reader, "tokenizer.ggml.tokens", None, required=False),
+        _field(reader, "tokenizer.ggml.merges", None, required=False),
+        token_types=_field(reader, "tokenizer.ggml.token_type", None, required=False),
+        pre=_field(reader, "tokenizer.ggml.pre", "gpt2", required=False),
+        bos=int(_field(reader, "tokenizer.ggml.bos_token_id", 1, required=False)),
+        eos=int(_field(reader, "tokenizer.ggml.eos_token_id", 2, required=False)),
+        chat_template=_field(reader, "tokenizer.chat_template", None, required=False),
+    )

@@ -1,7 +1,7 @@
-"""The graphs export/ builds, each with a small configuration for checks and tests.
+"""The graphs sf_trt builds, each with a small configuration for checks and tests.
 
 ``GRAPHS[name]()`` returns an ``onnx.ModelProto``. Tests and ``sf-trt build --check``
-iterate over it, so every graph export/ can build is checked on every backend present.
+iterate over it, so every graph sf_trt can build is checked on every backend present.
 Builders import lazily: importing this module costs nothing.
 """
 
@@ -11,21 +11,24 @@ from typing import Callable
 
 import onnx
 
+__all__ = ["GRAPHS", "BUILDERS"]
+
 
 def _verify() -> onnx.ModelProto:
-    from .verify import build_verify_graph
+    from sf_trt.graphs.verify import build_verify_graph
 
     return build_verify_graph(vocab=512, top_k_limit=64)
 
 
 def _copy_model() -> onnx.ModelProto:
-    from .copy_model import build_copy_graph
+    from sf_trt.graphs.copy_model import build_copy_graph
 
     return build_copy_graph(vocab=512, eos=511, max_lanes=4, max_context=128, copy_miss_every=3)
 
 
 def _decoder() -> onnx.ModelProto:
-    from .decoder import build_decoder_graph, tiny_llama_config, random_llama_weights
+    from .decoder_graph import build_decoder_graph
+    from .tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
     return build_decoder_graph(cfg, random_llama_weights(cfg, seed=0), max_lanes=2, max_context=64)
@@ -36,3 +39,10 @@ GRAPHS: dict[str, Callable[[], onnx.ModelProto]] = {
     "copy_model": _copy_model,
     "decoder": _decoder,
 }
+
+BUILDERS: dict[str, str] = {
+    "verify": "sf_trt.graphs.verify",
+    "copy_model": "sf_trt.graphs.copy_model",
+    "decoder": "sf_trt.export.decoder_graph",
+}
+"""The module that builds each graph (where its op notes live)."""

@@ -45,6 +45,8 @@ import onnx
 import onnx.shape_inference
 from onnx import TensorProto, numpy_helper
 
+from sf_trt.graphs.verify import TOPK_MAX_K  # [M] "`K` input must be less than 3840"
+
 __all__ = [
     "Finding",
     "OpRule",
@@ -64,8 +66,6 @@ MIN_OPSET = 9
 """[M] lowest default-domain opset the parser imports."""
 DEFAULT_MAX_OPSET = 20
 """[M]/[C] highest opset TensorRT 10.0 imports (10.15 goes to 24; pass ``max_opset``)."""
-TOPK_MAX_K = 3840
-"""[M] "`K` input must be less than 3840"."""
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 

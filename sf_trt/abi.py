@@ -10,6 +10,19 @@ import dataclasses
 import enum
 import math
 
+TEMPERATURE_MIN = 2.0**-16
+"""The smallest temperature > 0 a lane may sample at (about 1.5e-5).
+
+The sampler divides float32 logits by the temperature and adds Gumbel noise that
+spans about 19 (``g = -log(-log u)`` with ``u`` in ``[2**-24, 1 - 2**-24]``). Below
+``2**-16`` a logit of 128 scales past ``2**23``, where float32's step reaches 1: the
+noise is rounded away and the draw becomes the argmax with ties broken by token id,
+not the distribution asked for; far below it (float32 subnormals, under about
+``2**-126``) the scaled logits overflow to inf and the draw is garbage. Temperature
+0 under ``GPU_GREEDY`` is the argmax, exactly.
+"""
+FLOAT32_MAX = float(3.4028234663852886e38)
+
 
 class Status(enum.IntEnum):
     """Why a plan, a prompt or a registration was refused (``OK`` when it was not)."""
@@ -60,6 +73,9 @@ class Finish(enum.IntEnum):
     """The lane filled the context window (``max_tokens=0`` lets it run that far)."""
     ABORTED = 4
     """The plan released the lane before it finished."""
+    ERROR = 5
+    """A backend primitive failed for the lane during the tick (``Emit.error`` names
+    the op and the exception); every token drawn before the fault was emitted."""
 
 
 class Sampling(enum.IntEnum):
@@ -97,7 +113,9 @@ class SamplingParams:
 
     ``top_k=0`` turns top-k off; ``max_tokens=0`` means no limit but the context.
     ``temperature`` is read only under ``Sampling.GPU_GUMBEL``, where it must be > 0
-    (checked at admission, see :meth:`check_for`).
+    (checked at admission, see :meth:`check_for`); it is 0 or in
+    ``TEMPERATURE_MIN .. FLOAT32_MAX`` (the sampler's float32 arithmetic, see
+    :data:`TEMPERATURE_MIN`).
     """
 
     temperature: float = 1.0
@@ -124,6 +142,13 @@ class SamplingParams:
                 raise bad(f"{name} must be >= 0 (got {value})")
         if self.temperature < 0:
             raise bad(f"temperature must be >= 0 (got {self.temperature})")
+        if 0 < self.temperature < TEMPERATURE_MIN:
+            raise bad(
+                f"temperature {self.temperature!r} is below the floor {TEMPERATURE_MIN!r} (2**-16): float32 cannot hold "
+                "the scaled logits and the sampler's noise together; use 0 (GPU_GREEDY) for the argmax"
+            )
+        if self.temperature > FLOAT32_MAX:
+            raise bad(f"temperature {self.temperature!r} is above float32's largest value {FLOAT32_MAX!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise bad(f"top_p must be in (0, 1] (got {self.top_p})")
         known = SamplingFlag.IGNORE_EOS

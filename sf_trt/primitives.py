@@ -18,13 +18,14 @@ overwritten by the next pass (gpt-fast's cursor, not a copy).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 import numpy as np
 
 from .abi import Sampling, Status, StatusError
 
-__all__ = ["Capabilities", "Rows", "SampleRows", "PrimitivesBase"]
+__all__ = ["Capabilities", "Rows", "SampleRows", "RowFault", "PrimitivesBase"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,29 @@ class SampleRows:
         return SampleRows(z, f, f, z, z, z, z)
 
 
+class RowFault(enum.IntEnum):
+    """What :meth:`PrimitivesBase.verify_sample` returns instead of a token for a
+    logits row it cannot sample from. Every code is negative, never a token id, and
+    the row's ``match`` is False."""
+
+    NAN = -1
+    """The row holds a NaN."""
+    POS_INF = -2
+    """The row holds +inf."""
+    NO_FINITE = -3
+    """Every logit of the row is -inf."""
+    OVERFLOW = -4
+    """Under ``GPU_GUMBEL``: the row's largest logit divided by its temperature overflows float32."""
+
+    def describe(self) -> str:
+        return {
+            RowFault.NAN: "hold NaN",
+            RowFault.POS_INF: "hold +inf",
+            RowFault.NO_FINITE: "are all -inf",
+            RowFault.OVERFLOW: "overflow float32 once divided by the temperature",
+        }[self]
+
+
 _SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows))
 _MODE_MIN, _MODE_MAX = min(Sampling), max(Sampling)
 
@@ -142,10 +166,18 @@ class PrimitivesBase:
 
         Returns ``(tokens [K] int64, match [K] bool)``, ``match[i]`` being
         ``tokens[i] == sample.draft[i]``. The token drawn depends only on the
-        row's logits and its sampling inputs, never on the other rows.
+        row's logits and its sampling inputs, never on the other rows. A row
+        whose logits cannot be sampled from (NaN, +inf, all -inf, or overflowing
+        at its temperature) gets a :class:`RowFault` code instead of a token and
+        ``match`` False; the other rows are drawn as usual.
         """
         self._check_sample(logits, sample)
-        return self._verify_sample_impl(logits, sample)
+        tokens, match = self._verify_sample_impl(logits, sample)
+        fault = self._row_faults(logits, sample)
+        if fault.any():
+            tokens = np.where(fault != 0, fault, tokens)
+            match = match & (fault == 0)
+        return tokens, match
 
     def truncate(self, lane: int, length: int) -> None:
         """Roll lane ``lane``'s state back to ``length`` positions."""
@@ -187,6 +219,12 @@ class PrimitivesBase:
         self.close()
 
     # -- what backends implement ---------------------------------------------
+
+    def _logit_row_max(self, logits: Any) -> np.ndarray:
+        """Each logits row's largest value, float32 ``[K]`` on the host (NaN where the
+        row holds a NaN). A backend whose logits live on a device may override this
+        with a reduction there, to copy ``K`` floats instead of ``K * vocab``."""
+        return self.logits_host(logits).max(axis=1)
 
     def _forward_impl(self, rows: Rows) -> Any:
         raise NotImplementedError
@@ -245,6 +283,21 @@ class PrimitivesBase:
             if np.unique(wanted).size != wanted.size or np.any(positions[logit_rows] != expected[wanted] - 1):
                 raise bad(Status.UNSUPPORTED, "this backend returns logits only at each lane's last row (verify_rows=False)")
         return lanes, positions, tokens, logit_rows
+
+    def _row_faults(self, logits: Any, sample: SampleRows) -> np.ndarray:
+        """int64 ``[K]``: each row's :class:`RowFault` code, 0 where the row is usable."""
+        fault = np.zeros(sample.num_rows, np.int64)
+        if not sample.num_rows:
+            return fault
+        row_max = np.asarray(self._logit_row_max(logits), np.float32)  # NaN, +inf, -inf tell the faults apart
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            scaled = row_max / np.asarray(sample.temperature, np.float32)
+        gumbel = np.asarray(sample.mode) == int(Sampling.GPU_GUMBEL)
+        fault[gumbel & np.isfinite(row_max) & ~np.isfinite(scaled)] = RowFault.OVERFLOW
+        fault[row_max == -np.inf] = RowFault.NO_FINITE
+        fault[row_max == np.inf] = RowFault.POS_INF
+        fault[np.isnan(row_max)] = RowFault.NAN
+        return fault
 
     def _check_sample(self, logits: Any, sample: SampleRows) -> None:
         k = sample.num_rows

@@ -1,4 +1,4 @@
-"""The model's tokenizer, built from the GGUF metadata with the ``tokenizers`` library.
+"""The model's tokenizer, with the ``tokenizers`` library.
 
 A GGUF ``gpt2``-model vocabulary is byte-level BPE: ``tokenizer.ggml.tokens`` are
 the byte-level strings (GPT-2's byte-to-unicode alphabet), ``tokenizer.ggml.merges``
@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["Tokenizer", "StreamDecoder", "tokenizer_from_gguf", "TokenizerError"]
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError"]
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -133,34 +133,31 @@ class Tokenizer:
     # -- building ----------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, source: Any) -> "Tokenizer":
-        """From a GGUF path or an open ``gguf.GGUFReader`` (``tokenizer.ggml.*`` metadata)."""
+    def from_vocab(
+        cls,
+        tokens: Sequence[str],
+        merges: Sequence[str],
+        *,
+        token_types: Sequence[int] | None = None,
+        pre: str = "gpt2",
+        bos: int,
+        eos: int,
+        chat_template: str | None = None,
+    ) -> "Tokenizer":
+        """A byte-level BPE tokenizer from its vocabulary (GPT-2 alphabet strings),
+        its merges (``"a b"``), llama.cpp token types (control and user-defined
+        tokens become added tokens) and pre-tokenizer name (``tokenizer.ggml.pre``).
+        ``sf_trt.export.gguf_llama.read_tokenizer`` reads these from a GGUF."""
         from tokenizers import AddedToken, decoders, models
         from tokenizers import Tokenizer as HFTokenizer
 
-        if hasattr(source, "fields"):
-            reader = source
-        else:
-            from export.gguf_llama import open_reader
-
-            reader = open_reader(source)
-
-        def field(key: str, default: Any = None) -> Any:
-            f = reader.fields.get(key)
-            return default if f is None else f.contents()
-
-        model = field("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (expected 'gpt2', byte-level BPE)")
-        tokens = field("tokenizer.ggml.tokens")
-        merges = field("tokenizer.ggml.merges")
         if not tokens or merges is None:
-            raise TokenizerError("GGUF has no tokenizer.ggml.tokens / tokenizer.ggml.merges")
-        types = field("tokenizer.ggml.token_type", [1] * len(tokens))
+            raise TokenizerError("no vocabulary or merges (expected tokenizer.ggml.tokens / tokenizer.ggml.merges)")
+        types = token_types if token_types is not None else [1] * len(tokens)
         vocab = {tok: i for i, tok in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-        hf.pre_tokenizer = _pre_tokenizer(field("tokenizer.ggml.pre", "gpt2"))
+        hf.pre_tokenizer = _pre_tokenizer(pre)
         hf.decoder = decoders.ByteLevel()
         added = [
             AddedToken(tok, special=(t == _CONTROL), normalized=False)
@@ -168,12 +165,7 @@ class Tokenizer:
             if t in (_CONTROL, _USER_DEFINED)
         ]
         hf.add_tokens(added)  # existing vocabulary entries keep their ids
-        return cls(
-            hf,
-            bos=int(field("tokenizer.ggml.bos_token_id", 1)),
-            eos=int(field("tokenizer.ggml.eos_token_id", 2)),
-            chat_template=field("tokenizer.chat_template"),
-        )
+        return cls(hf, bos=int(bos), eos=int(eos), chat_template=chat_template)
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write tokenizer.json, tokenizer_config.json and chat_template.jinja into ``directory``."""
@@ -254,8 +246,3 @@ class Tokenizer:
             eos_token=self._hf.id_to_token(self.eos),
             **extra,
         )
-
-
-def tokenizer_from_gguf(source: Any) -> Tokenizer:
-    """:meth:`Tokenizer.from_gguf` (a GGUF path or an open reader)."""
-    return Tokenizer.from_gguf(source)

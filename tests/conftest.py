@@ -92,7 +92,7 @@ def schedules():
 @pytest.fixture(scope="session")
 def tiny():
     """``(cfg, weights)`` of the tiny random Llama."""
-    from export.decoder import random_llama_weights, tiny_llama_config
+    from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
     return cfg, random_llama_weights(cfg, seed=0)
@@ -101,7 +101,8 @@ def tiny():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny, tmp_path_factory):
     """A model directory holding the tiny model's graph (no tokenizer)."""
-    from export.decoder import build_decoder_graph, write_model_dir
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
 
     cfg, weights = tiny
     return write_model_dir(tmp_path_factory.mktemp("tiny") / "model", cfg, build_decoder_graph(cfg, weights))
@@ -110,7 +111,8 @@ def tiny_model_dir(tiny, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_int8_model_dir(tiny, tmp_path_factory):
     """The tiny model with int8 weights."""
-    from export.decoder import build_decoder_graph, write_model_dir
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
 
     cfg, weights = tiny
     graph = build_decoder_graph(cfg, weights, weight_dtype="int8")
@@ -120,7 +122,9 @@ def tiny_int8_model_dir(tiny, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_mha_model_dir(tmp_path_factory):
     """A tiny model without GQA (n_heads == n_kv_heads): attention has M = T query rows."""
-    from export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config, write_model_dir
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
+    from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config(n_heads=4, n_kv_heads=4)
     return write_model_dir(tmp_path_factory.mktemp("tiny_mha") / "model", cfg, build_decoder_graph(cfg, random_llama_weights(cfg, 1)))
@@ -142,23 +146,23 @@ def real_gguf():
 
 @pytest.fixture(scope="session")
 def real_model_dir(real_gguf):
-    """The real model exported once (reused while its GGUF digest matches)."""
-    from sf_trt.models import default_model_dir
+    """The real model exported once with float32 weights (reused while its GGUF digest matches)."""
+    from sf_trt.export.pipeline import default_model_dir
 
-    return default_model_dir(progress=False)
+    return default_model_dir(progress=False, weight_dtype="float32")
 
 
 @pytest.fixture(scope="session")
 def real_int8_model_dir(real_gguf):
     """The real model exported with int8 weights."""
-    from sf_trt.models import default_model_dir
+    from sf_trt.export.pipeline import default_model_dir
 
     return default_model_dir(progress=False, weight_dtype="int8")
 
 
 @pytest.fixture(scope="session")
 def real_reader(real_gguf):
-    from export.gguf_llama import open_reader
+    from sf_trt.export.gguf_llama import open_reader
 
     return open_reader(real_gguf)
 
@@ -166,7 +170,7 @@ def real_reader(real_gguf):
 @pytest.fixture(scope="session")
 def real_weights(real_reader):
     """``(cfg, weights)`` of the real model, float32 as dequantized from the GGUF."""
-    from export.gguf_llama import load_gguf
+    from sf_trt.export.gguf_llama import load_gguf
 
     return load_gguf(real_reader)
 
@@ -179,3 +183,11 @@ def real_prims(real_model_dir):
     prims = OrtDecoderPrimitives(real_model_dir, max_lanes=4, max_context=256)
     yield prims
     prims.close()
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(real_model_dir):
+    """The real model's tokenizer, from its model directory."""
+    from sf_trt.tokenizer import Tokenizer
+
+    return Tokenizer.load(real_model_dir)

@@ -37,6 +37,7 @@ class LaneRun:
     proposed: int = 0
     accepted: int = 0
     passes: int = 0
+    error: Optional[str] = None
 
 
 def kind_of(config: Any) -> str:
@@ -47,17 +48,23 @@ def run_lanes(
     make_primitives: Callable[[], PrimitivesBase],
     specs: list[LaneSpec],
     draft_config: Any = None,
+    *,
     harness: Optional[Harness] = None,
+    executor_config: ExecutorConfig = ExecutorConfig(),
+    before_tick: Optional[Callable[[int, Harness], None]] = None,
 ) -> list[LaneRun]:
     """Run every lane through one executor, ticks interleaved; each lane's result.
 
-    A lane is admitted at its ``admit_tick``, prefilled a chunk per tick, then
-    asks for ``budgets[i]`` tokens in its i-th decode tick until the budgets are
-    used up or it finishes. The harness checks the invariants after every tick.
+    A lane (its id: its index in ``specs``) is admitted at its ``admit_tick``,
+    prefilled a chunk per tick, then asks for ``budgets[i]`` tokens in its i-th
+    decode tick until the budgets are used up or it finishes (a backend fault
+    included). After every tick the harness checks the invariants, and every live
+    lane's tokens must all have been delivered in its emits.
+    ``before_tick(tick, harness)`` is called before each tick that runs a plan.
     ``draft_config`` picks the default drafter kind (prompt lookup when None);
     ``harness``: run on an existing one (its suffix corpora carry over).
     """
-    h = harness or Harness.with_engine(Executor(make_primitives(), ExecutorConfig()))
+    h = harness or Harness.with_engine(Executor(make_primitives(), executor_config))
     default = kind_of(draft_config)
     slots = {False: 0}
     for s in specs:
@@ -89,6 +96,8 @@ def run_lanes(
                 decodes[i] += 1
             touched.append(i)
         if plan.ops:
+            if before_tick is not None:
+                before_tick(tick, h)
             ev = h.tick_ok(plan)
             for i in touched:
                 e = ev.emit_for(i)
@@ -98,6 +107,9 @@ def run_lanes(
                 runs[i].proposed += e.spec.proposed
                 runs[i].accepted += e.spec.accepted
                 runs[i].passes += e.passes
+                runs[i].error = e.error or runs[i].error
+                if e.finish == Finish.NONE:
+                    assert h.engine.lane_tokens(i)[len(specs[i].prompt):] == runs[i].tokens, f"lane {i}: a token drawn was not delivered"
                 if e.finish != Finish.NONE or decodes[i] == len(specs[i].budgets):
                     if e.finish == Finish.NONE:
                         h.tick_ok(h.plan().release(i))

@@ -15,14 +15,13 @@ import functools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import DIGEST, ID, LaneSpec, plain_alone, run_lanes
 
 from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams
 from sf_trt.drafting import PromptLookupConfig, SuffixConfig
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.testing import Harness, register_prompt_lookup_with
-
-from lanes import DIGEST, ID, LaneSpec, plain_alone, run_lanes
 
 VOCAB = 24
 EOS = 23

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
+from sf_trt.faults import Fault, FaultyPrimitives
 from sf_trt.generate import Generator, Request
 
 CFG = FakeConfig(vocab=40, eos=39, copy_model=True, copy_miss_every=4, verify_rows=True, max_lanes=3, max_context=128)
@@ -61,17 +62,110 @@ def test_each_request_chooses_its_drafter_and_scope_and_emits_what_it_emits_alon
     gen.executor.check_integrity()
 
 
-@pytest.mark.parametrize("speculate, status, words", [
-    ("eagle", Status.BAD_ARGUMENT, "request 1: speculate='eagle' is not a drafter kind"),
-    (3, Status.BAD_ARGUMENT, "request 1: speculate=3"),
-])
-def test_an_unknown_drafter_is_refused_before_any_request_runs(speculate, status, words):
+# -- refusals and faults -----------------------------------------------------------------
+
+
+def alone(req: Request):
+    (res,) = Generator(FakePrimitives(CFG)).run([dataclasses.replace(req, speculate=False)])
+    return res
+
+
+def test_the_refusal_that_happened_surfaces_and_nothing_runs():
+    """A top_k past the sampler's limit (40 here) is refused as such, before any
+    request runs, even when the bad request would be admitted last."""
+    gen = Generator(FakePrimitives(CFG))
+    streamed: list = []
+    bad = Request([1, 2, 3], Sampling.GPU_GUMBEL, SamplingParams(top_k=41))
+    with pytest.raises(StatusError) as err:
+        gen.run(requests() + [bad], lambda i, new: streamed.append(i))
+    assert err.value.status == Status.BAD_SAMPLING_PARAMS
+    assert str(err.value) == "admit(lane=7): top_k 41 exceeds the sampler's limit 40"
+    assert streamed == [] and gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()
+    assert gen.run([Request([1, 2, 3], params=SamplingParams(max_tokens=4))])[0].finish == Finish.LENGTH
+
+
+def test_an_interrupted_run_frees_its_lanes_and_its_exception_is_the_one_raised():
+    gen = Generator(FakePrimitives(CFG), tick_tokens=2)
+
+    def stop(i, new):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        gen.run(requests(), stop)
+    assert gen.executor.lanes == []
+    gen.executor.check_integrity()
+
+
+def test_a_faulted_request_ends_with_its_error_and_the_others_finish_normally():
+    prims = FaultyPrimitives(FakePrimitives(CFG), [Fault("decode", 9)])
+    results = Generator(prims, tick_tokens=4, prefill_chunk=3).run(requests())
+    assert prims.fired == ["decode #9: raise"]
+    failed = [i for i, r in enumerate(results) if r.finish == Finish.ERROR]
+    assert failed and len(failed) < len(results)
+    for i, (req, res) in enumerate(zip(requests(), results)):
+        want = alone(req)
+        if i in failed:
+            assert res.error.startswith("decode forward (lane") and "InjectedFault: injected before decode #9" in res.error
+            assert res.tokens == want.tokens[: len(res.tokens)]
+        else:
+            assert (res.tokens, res.finish, res.error) == (want.tokens, want.finish, None)
+
+
+def test_a_failed_release_cuts_nothing_and_the_slot_serves_again():
+    cfg = dataclasses.replace(CFG, max_lanes=1)
+    prims = FaultyPrimitives(FakePrimitives(cfg), [Fault("release", 1)])
+    results = Generator(prims).run(requests()[:3])
+    for req, res in zip(requests()[:3], results):
+        want = alone(req)
+        assert (res.tokens, res.finish) == (want.tokens, want.finish)
+    assert results[0].error.startswith("release (lane 0): InjectedFault")
+    assert results[1].error is None and results[2].error is None
+
+
+def test_when_every_slot_stays_quarantined_the_waiting_requests_end_with_the_reason():
+    cfg = dataclasses.replace(CFG, max_lanes=1)
+    prims = FaultyPrimitives(FakePrimitives(cfg), [Fault("release", n) for n in range(1, 50)])
+    gen = Generator(prims)
+    first, second = gen.run(requests()[:2])
+    assert first.tokens == alone(requests()[0]).tokens and first.error.startswith("release (lane 0)")
+    assert second.finish == Finish.ERROR and second.tokens == []
+    assert second.error.startswith("generate: every lane slot is quarantined after a failed release (release (lane 0)")
+    with pytest.raises(StatusError) as err:  # a later run is refused up front, saying why
+        gen.run(requests()[:1])
+    assert err.value.status == Status.CAPACITY_EXHAUSTED and "1 quarantined" in str(err.value)
+
+
+@pytest.mark.parametrize("tick_tokens", [0, 2.5, True])
+def test_generator_settings_are_checked(tick_tokens):
+    with pytest.raises(StatusError, match="Generator: tick_tokens must be an int >= 1"):
+        Generator(FakePrimitives(CFG), tick_tokens=tick_tokens)
+
+
+def run_one(cfg: FakeConfig = CFG, **request) -> list:
+    return Generator(FakePrimitives(cfg)).run([Request([1, 2, 3], **request)])
+
+
+REFUSALS = {
+    "generator tick tokens 0": lambda: Generator(FakePrimitives(CFG), tick_tokens=0),
+    "generator default drafter unknown": lambda: Generator(FakePrimitives(CFG), speculate="eagle"),
+    "generator draft config of no kind": lambda: Generator(FakePrimitives(CFG), draft_config={"max_draft": 4}),
+    "generator request drafter unknown": lambda: run_one(speculate="eagle"),
+    "generator request drafter not a name": lambda: run_one(speculate=3),
+    "generator speculation the backend cannot verify": lambda: run_one(FakeConfig(copy_model=True)),
+    "generator request top_k past the limit": lambda: run_one(sampling=Sampling.GPU_GUMBEL, params=SamplingParams(top_k=41)),
+}
+"""Every refusal of the Generator as a call that raises it, by the name docs/errors.md gives it."""
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_generator_refusals_raise_a_status_error_and_run_nothing(case):
+    with pytest.raises(StatusError):
+        REFUSALS[case]()
+
+
+def test_an_unknown_drafter_is_refused_before_any_request_runs():
     gen = Generator(FakePrimitives(CFG))
     with pytest.raises(StatusError) as err:
-        gen.run([Request([1, 2, 3]), Request([1, 2, 3], speculate=speculate)])
-    assert err.value.status == status and words in str(err.value)
+        gen.run([Request([1, 2, 3]), Request([1, 2, 3], speculate="eagle")])
+    assert err.value.status == Status.BAD_ARGUMENT and str(err.value).startswith("request 1: speculate='eagle' names no drafter")
     assert gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()
-    with pytest.raises(StatusError, match="speculate='eagle' is not a drafter kind"):
-        Generator(FakePrimitives(CFG), speculate="eagle")
-    with pytest.raises(StatusError, match="draft_config dict is no drafter kind's config"):
-        Generator(FakePrimitives(CFG), draft_config={"max_draft": 4})

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from sf_trt.abi import CertMode, Exactness, Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+import pytest
+
+from sf_trt.abi import (
+    CertMode,
+    Exactness,
+    Finish,
+    Sampling,
+    SamplingFlag,
+    SamplingParams,
+    Status,
+    StatusError,
+)
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.testing import Harness, register_prompt_lookup_with
-
-import pytest
 
 
 def harness(cfg: FakeConfig) -> Harness:

@@ -43,8 +43,8 @@ def prims(request, real_model_dir, real_int8_model_dir):
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLINGS))
-def test_speculative_lanes_emit_exactly_the_plain_tokens(prims, sampling):
-    tok = prims.tokenizer
+def test_speculative_lanes_emit_exactly_the_plain_tokens(prims, sampling, real_tokenizer):
+    tok = real_tokenizer
     mode, params = SAMPLINGS[sampling]
     ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
     gen = Generator(prims)

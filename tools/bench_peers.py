@@ -161,9 +161,9 @@ def sf_trt_tokenizer(gguf: Path):
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     try:
-        from sf_trt.tokenizer import Tokenizer
+        from sf_trt.export.gguf_llama import open_reader, read_tokenizer
 
-        return Tokenizer.from_gguf(gguf), None
+        return read_tokenizer(open_reader(gguf)), None
     except Exception as exc:  # noqa: BLE001 - any failure: fall back to HF's ids
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -335,7 +335,7 @@ def print_table(results: list[dict], with_sf: bool) -> None:
 # -- main ----------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help=f"prompt file, JSON lines (default {DEFAULT_PROMPTS.relative_to(REPO)})")
     ap.add_argument("--gguf", help=f"the model GGUF (default: $SF_TRT_GGUF, else {GGUF_NAME} found under $SF_TRT_CACHE or ~/.cache/sf_trt)")
@@ -353,23 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
     ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
     ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow the sf-trt run (default 3600)")
-    args = ap.parse_args(argv)
-    if args.threads < 1 or args.warmup < 0 or args.repeats < 1 or args.lookup_tokens < 1:
-        ap.error("--threads, --repeats and --lookup-tokens must be >= 1, --warmup >= 0")
-    if args.max_tokens is not None and args.max_tokens < 1:
-        ap.error("--max-tokens must be >= 1")
+    return ap
 
-    try:
-        torch, transformers = import_peers()
-        gguf = find_gguf(args.gguf)
-    except Missing as exc:
-        print(f"bench_peers: {exc}", file=sys.stderr)
-        return 2
-    prompts = load_prompts(args.prompts, args.only, args.max_tokens)
 
+def _load_hf(torch, transformers, gguf: Path):
+    """``(tokenizer, model, eos)`` of the GGUF in HF transformers, float32; Missing if it loads otherwise."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(args.threads)
     say(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads; loading {gguf}")
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -379,18 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()  # transformers dequantizes the GGUF at load (``.float()`` is refused on it): check the result
     dtypes = sorted({str(t.dtype) for t in model.parameters()})
     if dtypes != ["torch.float32"]:
-        print(f"bench_peers: {gguf}: the model loaded with parameter dtypes {dtypes}, expected only torch.float32", file=sys.stderr)
-        return 1
+        raise Missing(f"{gguf}: the model loaded with parameter dtypes {dtypes}, expected only torch.float32")
     say(f"loaded in {time.perf_counter() - t0:.1f} s ({type(model).__name__}, {model.dtype})")
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+    return tok, model, eos
 
-    sf_tok, sf_why = (None, "--prompt-ids hf") if args.prompt_ids == "hf" else sf_trt_tokenizer(gguf)
-    if sf_tok is None and args.prompt_ids == "sf_trt":
-        print(f"bench_peers: --prompt-ids sf_trt: sf_trt's tokenizer is not usable here ({sf_why})", file=sys.stderr)
-        return 2
-    if sf_tok is None:
-        say(f"sf_trt's tokenizer not usable ({sf_why}); feeding HF's chat-template ids")
 
+def _encode(prompts, tok, sf_tok) -> list[tuple]:
+    """``(prompt, ids fed, HF's ids, sf_trt's ids or None)`` per prompt."""
     encoded = []
     for p in prompts:
         hf_ids = hf_prompt_ids(tok, p["messages"])
@@ -399,17 +385,11 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{p['id']}: HF's prompt ids differ from sf_trt's at index {first_diff(sf_ids, hf_ids)} "
                 f"({len(hf_ids)} vs {len(sf_ids)} tokens); feeding sf_trt's")
         encoded.append((p, sf_ids if sf_ids is not None else hf_ids, hf_ids, sf_ids))
+    return encoded
 
-    modes = (("plain", None), ("lookup", args.lookup_tokens))
-    if args.warmup:
-        p0, ids0 = encoded[0][0], encoded[0][1]
-        n0 = min(32, p0["max_tokens"])
-        for _ in range(args.warmup):
-            for _name, lookup in modes:
-                generate(torch, model, ids0, n0, allow_eos=args.allow_eos, eos=eos, lookup=lookup)
-        say(f"warmup done ({args.warmup} x {n0} tokens per mode on {p0['id']!r})")
 
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+def _measure(torch, model, tok, eos, encoded, modes, args) -> list[dict[str, Any]]:
+    """Each prompt in each mode, the fastest of ``args.repeats`` runs."""
     results = []
     for p, ids, hf_ids, sf_ids in encoded:
         res: dict[str, Any] = {
@@ -434,8 +414,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         say(f"{p['id']}: {len(ids)} prompt tokens; plain {res['plain']['tokens_per_s']:.1f} tok/s, "
             f"lookup {res['lookup']['tokens_per_s']:.1f} tok/s, identical={res['identical']}")
+    return results
 
-    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+def _sf_trt_columns(results, prompts, args) -> tuple[dict[str, Any], Any]:
+    """sf_trt's bench merged into ``results`` (run now or read from --sf-trt-json): ``(status, doc)``."""
     sf_status: dict[str, Any] = {"requested": bool(args.sf_trt or args.sf_trt_json)}
     doc = None
     if args.sf_trt_json:
@@ -462,6 +445,45 @@ def main(argv: list[str] | None = None) -> int:
     off = [r["id"] for r in results if (r.get("sf_trt") or {}).get("prompt_tokens_match") is False]
     if off:
         say(f"WARNING: sf-trt bench counted other prompt token counts than these runs on {', '.join(off)}: not a like-for-like comparison")
+    return sf_status, doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.threads < 1 or args.warmup < 0 or args.repeats < 1 or args.lookup_tokens < 1:
+        ap.error("--threads, --repeats and --lookup-tokens must be >= 1, --warmup >= 0")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        ap.error("--max-tokens must be >= 1")
+    try:
+        torch, transformers = import_peers()
+        gguf = find_gguf(args.gguf)
+        prompts = load_prompts(args.prompts, args.only, args.max_tokens)
+        torch.set_num_threads(args.threads)
+        tok, model, eos = _load_hf(torch, transformers, gguf)
+    except Missing as exc:
+        print(f"bench_peers: {exc}", file=sys.stderr)
+        return 2
+    sf_tok, sf_why = (None, "--prompt-ids hf") if args.prompt_ids == "hf" else sf_trt_tokenizer(gguf)
+    if sf_tok is None and args.prompt_ids == "sf_trt":
+        print(f"bench_peers: --prompt-ids sf_trt: sf_trt's tokenizer is not usable here ({sf_why})", file=sys.stderr)
+        return 2
+    if sf_tok is None:
+        say(f"sf_trt's tokenizer not usable ({sf_why}); feeding HF's chat-template ids")
+    encoded = _encode(prompts, tok, sf_tok)
+
+    modes = (("plain", None), ("lookup", args.lookup_tokens))
+    if args.warmup:
+        p0, ids0 = encoded[0][0], encoded[0][1]
+        n0 = min(32, p0["max_tokens"])
+        for _ in range(args.warmup):
+            for _name, lookup in modes:
+                generate(torch, model, ids0, n0, allow_eos=args.allow_eos, eos=eos, lookup=lookup)
+        say(f"warmup done ({args.warmup} x {n0} tokens per mode on {p0['id']!r})")
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    results = _measure(torch, model, tok, eos, encoded, modes, args)
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    sf_status, doc = _sf_trt_columns(results, prompts, args)
 
     print()
     print(f"HF transformers {transformers.__version__} / torch {torch.__version__}, fp32 CPU, {args.threads} threads, "
@@ -471,7 +493,6 @@ def main(argv: list[str] | None = None) -> int:
     total = lambda mode: sum(r[mode]["tokens"] for r in results) / sum(r[mode]["seconds"] for r in results)  # noqa: E731
     print(f"overall: plain {total('plain'):.1f} tok/s, prompt lookup {total('lookup'):.1f} tok/s; "
           f"prompt lookup == plain on {sum(r['identical'] for r in results)}/{len(results)} prompts")
-
     report = {
         "tool": "tools/bench_peers.py",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},

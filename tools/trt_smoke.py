@@ -77,11 +77,12 @@ class _Skip(Exception):
 
 def environment() -> tuple[object, str]:
     """``(tensorrt, description)``, or exit 2 saying what is missing."""
-    from export.trt_build import BuildError, device_info, import_tensorrt
+    from sf_trt.backends.tensorrt import TensorRTUnavailable
+    from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt
 
     try:
         trt = import_tensorrt()
-    except BuildError as exc:
+    except TensorRTUnavailable as exc:
         print(f"TensorRT not available: {str(exc).removeprefix('TensorRT not available: ')}")
         print("This smoke test needs TensorRT 10+ (pip install tensorrt, NVIDIA's index) and an NVIDIA GPU.")
         raise SystemExit(2)
@@ -92,7 +93,7 @@ def environment() -> tuple[object, str]:
         raise SystemExit(2)
     try:
         cc, name = device_info()
-    except BuildError as exc:
+    except TensorRTUnavailable as exc:
         print(f"TensorRT {trt.__version__} is installed but {exc}")
         raise SystemExit(2)
     return trt, f"TensorRT {trt.__version__}, {name}, compute capability {cc}"
@@ -102,7 +103,7 @@ class Engines:
     """Builds engines on demand, one directory per graph digest, and remembers them."""
 
     def __init__(self, root: Path, precision: str) -> None:
-        from export.trt_build import BuildConfig
+        from sf_trt.export.trt_config import BuildConfig
 
         self.root, self.precision, self.BuildConfig = root, precision, BuildConfig
         self.built: list[str] = []
@@ -110,7 +111,8 @@ class Engines:
     def build(self, name: str, model, *, max_rows: int, max_lanes: int, max_context: int) -> Path:
         import onnx
 
-        from export.trt_build import build_engine, read_manifest
+        from sf_trt.export.trt_build import build_engine
+        from sf_trt.formats.manifest import read_manifest
 
         data = model.SerializeToString()
         key = hashlib.sha256(data + f"{max_rows}/{max_lanes}/{max_context}/{self.precision}".encode()).hexdigest()[:12]
@@ -130,7 +132,7 @@ class Engines:
 
     def fake_dir(self, cfg) -> Path:
         """A directory holding the copy-model and verify engines for FakeConfig ``cfg``."""
-        from export.copy_model import build_copy_graph
+        from sf_trt.graphs.copy_model import build_copy_graph
 
         copy = build_copy_graph(cfg.vocab, cfg.eos, cfg.max_lanes, cfg.max_context, cfg.copy_miss_every, cfg.copy_model, cfg.favour_logit)
         top_k = min(cfg.top_k_limit, cfg.vocab)
@@ -142,7 +144,7 @@ class Engines:
         """One directory whose manifest names the engines of all ``dirs``."""
         import shutil
 
-        from export.trt_build import read_manifest, write_manifest
+        from sf_trt.formats.manifest import read_manifest, write_manifest
 
         both = self.root / "+".join(d.name for d in dirs)
         if not (both / "manifest.json").exists():
@@ -165,10 +167,9 @@ DECODER_LIMITS = dict(max_rows=16, max_lanes=2, max_context=64)
 
 
 def tiny_decoder():
-    """``(LlamaConfig, graph)`` of export/decoder.py's tiny test Llama, caches symbolic (as exported)."""
-    if importlib.util.find_spec("export.decoder") is None:
-        raise _Skip("export/decoder.py is not written yet")
-    from export.decoder import build_decoder_graph, random_llama_weights, tiny_llama_config
+    """``(LlamaConfig, graph)`` of the tiny test Llama (sf_trt.export.tiny), caches symbolic (as exported)."""
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
     return cfg, build_decoder_graph(cfg, random_llama_weights(cfg, seed=0))
@@ -186,31 +187,24 @@ def decoder_stand_in():
 
 
 def verify_graph(vocab: int, top_k_limit: int):
-    if importlib.util.find_spec("export.verify") is None:
-        raise _Skip("export/verify.py is not written yet")
-    from export.verify import build_verify_graph
+    from sf_trt.graphs.verify import build_verify_graph
 
     return build_verify_graph(vocab=vocab, top_k_limit=top_k_limit)
 
 
 def op_check() -> str:
-    from export.registry import GRAPHS
-    from export.trt_support import check_graph, errors_in
+    from sf_trt.export.registry import GRAPHS
+    from sf_trt.export.trt_support import check_graph, errors_in
 
-    checked, skipped, refused = [], [], []
+    checked, refused = [], []
     for name, make in GRAPHS.items():
-        try:
-            graph = make()
-        except ImportError as exc:
-            skipped.append(f"{name} ({exc.name})")
-            continue
-        errs = errors_in(check_graph(graph))
+        errs = errors_in(check_graph(make()))
         (refused if errs else checked).append(name)
         for e in errs:
             print(f"  {name}: {e}", file=sys.stderr)
     if refused:
         raise AssertionError(f"refused: {refused}")
-    return f"supported: {checked}" + (f"; not written yet: {skipped}" if skipped else "")
+    return f"supported: {checked}"
 
 
 def seed_contract(make_primitives, label: str) -> str:
@@ -251,7 +245,7 @@ def seed_on_tensorrt_fake(engines: Engines, cuda_graphs: bool) -> str:
 
 def stand_in_fake(cfg):
     """The TensorRT fake's pass logic on onnxruntime (CPU): the same graphs, no engines."""
-    from export.copy_model import build_copy_graph
+    from sf_trt.graphs.copy_model import build_copy_graph
     from sf_trt.backends.tensorrt import TensorRTPrimitives
 
     copy = build_copy_graph(cfg.vocab, cfg.eos, cfg.max_lanes, cfg.max_context, cfg.copy_miss_every, cfg.copy_model, cfg.favour_logit)

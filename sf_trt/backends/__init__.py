@@ -1,25 +1,51 @@
-"""The backends behind the Primitives protocol, by name, imported only when created.
+"""The backends that run a model directory, by name: the one list the command line uses.
 
-``BACKENDS`` maps a name to ``"module:Class"`` (or ``"module:Class.constructor"``,
-a classmethod that opens the backend); :func:`create` imports the
-module then (so ``import sf_trt.backends`` costs nothing and needs no GPU) and
-refuses an unknown name by listing the known ones. Add a backend by adding an
-entry (or calling :func:`register`).
+Each :class:`Backend` names an *opener*, ``"module:function"``, called as
+``function(model_dir, *, max_lanes, max_context, threads, engines, **options)``
+and returning a :class:`~sf_trt.primitives.PrimitivesBase`. The module is
+imported only when the backend is opened (:func:`open_model`), so
+``import sf_trt.backends`` costs nothing and needs no GPU; an unknown name is
+refused by listing the known ones. Add a backend by adding an entry (or
+calling :func:`register`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from typing import Any
+import os
+from typing import Any, Mapping
 
 from ..abi import Status, StatusError
 
-__all__ = ["BACKENDS", "create", "register", "names"]
+__all__ = ["Backend", "BACKENDS", "names", "register", "open_model"]
 
-BACKENDS: dict[str, str] = {
-    "fake": "sf_trt.fake:FakePrimitives",
-    "onnxruntime": "sf_trt.backends.ort_decoder:OrtDecoderPrimitives",
-    "tensorrt": "sf_trt.backends.tensorrt:TensorRTPrimitives.open",
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A backend by name: its opener and the options it is opened with."""
+
+    name: str
+    opener: str
+    """``"module:function"``, imported when the backend is opened."""
+    summary: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+_CPU = ("CPUExecutionProvider",)
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("onnxruntime", "sf_trt.backends.ort_decoder:open_model", "onnxruntime on the CPU (the default)",
+                {"providers": _CPU}),
+        Backend("onnxruntime-cuda", "sf_trt.backends.ort_decoder:open_model", "onnxruntime-gpu's CUDA execution provider",
+                {"providers": ("CUDAExecutionProvider", *_CPU)}),
+        Backend("onnxruntime-trt", "sf_trt.backends.ort_decoder:open_model",
+                "onnxruntime-gpu's TensorRT execution provider (engines cached under --engines/ort_trt)",
+                {"providers": (("TensorrtExecutionProvider", {"trt_engine_cache_enable": True}), "CUDAExecutionProvider", *_CPU)}),
+        Backend("tensorrt", "sf_trt.backends.tensorrt.primitives:open_model",
+                "TensorRT engines built by `sf-trt build` (--engines)"),
+    )
 }
 
 
@@ -27,27 +53,35 @@ def names() -> list[str]:
     return sorted(BACKENDS)
 
 
-def register(name: str, target: str) -> None:
-    """Add backend ``name`` as ``"module:Class"``."""
-    module, sep, cls = target.partition(":")
-    if not (name and module and sep and cls):
-        raise StatusError(Status.BAD_ARGUMENT, f"register({name!r}, {target!r}): expected a name and 'module:Class'")
-    BACKENDS[name] = target
+def register(backend: Backend) -> None:
+    """Add (or replace) a backend."""
+    module, sep, fn = backend.opener.partition(":")
+    if not (backend.name and module and sep and fn):
+        raise StatusError(Status.BAD_ARGUMENT, f"register({backend.name!r}): opener {backend.opener!r}, expected 'module:function'")
+    BACKENDS[backend.name] = backend
 
 
-def create(name: str, **kw: Any):
-    """A new instance of backend ``name``, constructed with ``kw``."""
-    target = BACKENDS.get(name)
-    if target is None:
-        raise StatusError(Status.BAD_ARGUMENT, f"create({name!r}): unknown backend (known: {', '.join(names())})")
-    module_name, _, cls_name = target.partition(":")
+def open_model(
+    name: str,
+    model_dir: str | os.PathLike,
+    *,
+    max_lanes: int,
+    max_context: int,
+    threads: int | None = None,
+    engines: str | os.PathLike | None = None,
+):
+    """Backend ``name`` opened on ``model_dir`` with ``max_lanes`` slots of ``max_context`` positions."""
+    backend = BACKENDS.get(name)
+    if backend is None:
+        raise StatusError(Status.BAD_ARGUMENT, f"open_model({name!r}): unknown backend (known: {', '.join(names())})")
+    module_name, _, fn_name = backend.opener.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise StatusError(Status.UNSUPPORTED, f"create({name!r}): {module_name} cannot be imported here ({exc})") from None
-    factory: Any = module
-    for part in cls_name.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            raise StatusError(Status.UNSUPPORTED, f"create({name!r}): {module_name} has no {cls_name}")
-    return factory(**kw)
+        raise StatusError(Status.UNSUPPORTED, f"open_model({name!r}): {module_name} cannot be imported here ({exc})") from None
+    opener = getattr(module, fn_name, None)
+    if opener is None:
+        raise StatusError(Status.UNSUPPORTED, f"open_model({name!r}): {module_name} has no {fn_name}")
+    return opener(
+        model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, engines=engines, **backend.options
+    )

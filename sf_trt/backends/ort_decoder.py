@@ -1,9 +1,8 @@
 """A Llama decoder on onnxruntime behind the Primitives protocol.
 
-The graph is :func:`export.decoder.build_decoder_graph` (read from a model
-directory written by :func:`export.decoder.export_model_dir`); its docstring
-says why every row of a pass comes out bit-identical whatever else shares the
-pass. This module packs the protocol's flat rows into the graph's ``[B, T]``
+The graph is the model directory's decoder (:mod:`sf_trt.formats.model_dir`),
+built by ``sf_trt.export.decoder_graph``, whose docstring says why every row of
+a pass comes out bit-identical whatever else shares the pass. This module packs the protocol's flat rows into the graph's ``[B, T]``
 layout and keeps the KV cache on the host:
 
 * the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
@@ -40,11 +39,12 @@ from typing import Sequence
 import numpy as np
 
 from ..abi import Status, StatusError
+from ..formats.model_dir import CACHE_INPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from .ort_sampler import OrtVerifySampler
+from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
-__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS"]
-
-OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
 
 
 def _bad(what: str) -> StatusError:
@@ -82,22 +82,15 @@ class OrtDecoderPrimitives(PrimitivesBase):
         sampler_threads: int = 1,
         cache_inputs: str = "pass",
     ) -> None:
-        import onnxruntime as ort
-
-        from export.decoder import CACHE_INPUTS, GRAPH_FILE, PASS_GRAPH_FILE, read_model_dir
-        from export.gguf_llama import LlamaConfig
-
-        self.model_dir = Path(model_dir)
         try:
-            meta = read_model_dir(self.model_dir)
-        except ValueError as exc:
+            model = ModelDir.open(model_dir)
+        except ModelDirError as exc:
             raise _bad(str(exc)) from None
-        cfg = LlamaConfig.from_dict(meta["llama"])
-        max_positions = int(meta["graph"].get("max_positions", cfg.context_length))
+        cfg = model.config
         if not 1 <= max_lanes:
             raise _bad(f"max_lanes must be >= 1 (got {max_lanes})")
-        if not 2 <= max_context <= max_positions:
-            raise _bad(f"max_context {max_context} outside 2..{max_positions} (the model's context length)")
+        if not 2 <= max_context <= model.max_positions:
+            raise _bad(f"max_context {max_context} outside 2..{model.max_positions} (the model's context length)")
         if max_rows_per_pass < 1:
             raise _bad(f"max_rows_per_pass must be >= 1 (got {max_rows_per_pass})")
         if cache_inputs not in CACHE_INPUTS:
@@ -112,39 +105,39 @@ class OrtDecoderPrimitives(PrimitivesBase):
                 kernel_capabilities=0, top_k_limit=top_k_limit,
             )
         )
+        self.model_dir = model.path
         self.config = cfg
-        self.meta = meta
+        self.meta = model.meta
         self.pass_cost_rows = int(pass_cost_rows)
         self.runs = 0
         """Graph runs so far (a forward call may make several)."""
-
-        opts = ort.SessionOptions()
-        if threads is not None:
-            opts.intra_op_num_threads = int(threads)
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[optimization]
         self.providers = list(providers) if providers else ["CPUExecutionProvider"]
-        self.weight_dtype = meta.get("weights", "float32")
-        if self.weight_dtype == "int8":
-            # DequantizeLinear -> MatMul is fused into onnxruntime's 8-bit kernel only from
-            # ORT_ENABLE_EXTENDED up; unfused, the matmul's right operand is computed per pass
-            # and MLAS's M == 1 path would make rows depend on the pass. Level 4 (int8
-            # compute, activations quantized per row and block) is the fast, row-exact one.
-            if optimization in ("disable", "basic"):
-                raise _bad(f"optimization {optimization!r} with int8 weights: rows would not be exact (use 'extended' or 'all')")
-            opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "4")
+        self.weight_dtype = model.weights
         self.cache_inputs = cache_inputs
-        graph_file = PASS_GRAPH_FILE if cache_inputs == "pass" else GRAPH_FILE
-        self._session = ort.InferenceSession(str(self.model_dir / graph_file), opts, providers=self.providers)
+        self._session = open_session(
+            model.graph_file(cache_inputs), threads=threads, optimization=optimization, providers=self.providers,
+            config=self._session_config(optimization),
+        )
+        self._allocate_cache()
+        self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
 
-        # The KV cache, host side, allocated once. A run binds views of it.
-        shape = (cfg.n_layers, self.capabilities.max_lanes, cfg.n_kv_heads, max_context + 1, cfg.head_dim)
+    def _session_config(self, optimization: str) -> dict[str, str]:
+        if self.weight_dtype != "int8":
+            return {}
+        # DequantizeLinear -> MatMul is fused into onnxruntime's 8-bit kernel only from
+        # ORT_ENABLE_EXTENDED up; unfused, the matmul's right operand is computed per pass
+        # and MLAS's M == 1 path would make rows depend on the pass. Level 4 (int8
+        # compute, activations quantized per row and block) is the fast, row-exact one.
+        if optimization in ("disable", "basic"):
+            raise _bad(f"optimization {optimization!r} with int8 weights: rows would not be exact (use 'extended' or 'all')")
+        return {"session.qdq_matmulnbits_accuracy_level": "4"}
+
+    def _allocate_cache(self) -> None:
+        """The KV cache, host side, allocated once; a run binds views of it."""
+        import onnxruntime as ort
+
+        cfg, caps = self.config, self.capabilities
+        shape = (cfg.n_layers, caps.max_lanes, cfg.n_kv_heads, caps.max_context + 1, cfg.head_dim)
         self._keys = np.zeros(shape, np.float32)
         self._values = np.zeros(shape, np.float32)
         self._binding = self._session.io_binding()
@@ -154,17 +147,8 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._staged: list | None = None
         self.cache_copies = 0
         """Runs whose lanes' slots were not contiguous, so their caches were copied."""
-        if cache_inputs == "slots":  # the whole cache, bound once; the graph gathers the lanes
-            self._bind_range(0, self.capabilities.max_lanes)
-
-        self.tokenizer = None
-        if (self.model_dir / "tokenizer.json").is_file():
-            from ..tokenizer import Tokenizer
-
-            self.tokenizer = Tokenizer.load(self.model_dir)
-        from ..sampler import OrtVerifySampler
-
-        self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
+        if self.cache_inputs == "slots":  # the whole cache, bound once; the graph gathers the lanes
+            self._bind_range(0, caps.max_lanes)
 
     # -- the protocol ------------------------------------------------------------
 
@@ -231,10 +215,15 @@ class OrtDecoderPrimitives(PrimitivesBase):
                 for i in range(self.config.n_layers)
                 for arr in (self._keys, self._values)
             ]
-        for i in range(self.config.n_layers):
-            self._binding.bind_ortvalue_input(f"past_key_{i}", values[2 * i])
-            self._binding.bind_ortvalue_input(f"past_value_{i}", values[2 * i + 1])
+        self._bind_values(values)
         self._bound = (first, n)
+
+    def _bind_values(self, values: list) -> None:
+        """Bind layer i's cache inputs to ``values[2 i]`` (keys) and ``values[2 i + 1]`` (values)."""
+        for i in range(self.config.n_layers):
+            key_name, value_name = cache_names(i)
+            self._binding.bind_ortvalue_input(key_name, values[2 * i])
+            self._binding.bind_ortvalue_input(value_name, values[2 * i + 1])
 
     def _bind_caches(self, slots: np.ndarray) -> None:
         """Bind past_key_i / past_value_i to the caches of ``slots`` (ascending)."""
@@ -249,9 +238,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self.cache_copies += 1
         keys, vals = self._keys[:, slots], self._values[:, slots]  # copies
         self._staged = [self._ort.OrtValue.ortvalue_from_numpy(arr[i]) for i in range(self.config.n_layers) for arr in (keys, vals)]
-        for i in range(self.config.n_layers):
-            self._binding.bind_ortvalue_input(f"past_key_{i}", self._staged[2 * i])
-            self._binding.bind_ortvalue_input(f"past_value_{i}", self._staged[2 * i + 1])
+        self._bind_values(self._staged)
         self._bound = None
 
     def _run(self, rows: Rows, lanes: list[int], lane_rows: list[np.ndarray], wanted: np.ndarray, logits: np.ndarray) -> None:
@@ -301,61 +288,21 @@ class OrtDecoderPrimitives(PrimitivesBase):
         return self._keys[:, lane, :, :n].copy(), self._values[:, lane, :, :n].copy()
 
 
-# -- a quick benchmark: python -m sf_trt.backends.ort_decoder [--model-dir DIR] ----------------
-
-
-def _bench(argv: Sequence[str] | None = None) -> None:
-    """Passes/s of one lane at R rows per pass, and the prefill time, per context size."""
-    import argparse
-    import time
-
-    ap = argparse.ArgumentParser(prog="python -m sf_trt.backends.ort_decoder", description=_bench.__doc__)
-    ap.add_argument("--model-dir", help="an exported model directory (default: the default model, fetched and exported)")
-    ap.add_argument("--int8", action="store_true", help="the default model with int8 weights")
-    ap.add_argument("--contexts", default="512,2048", help="max_context values (comma-separated)")
-    ap.add_argument("--rows", default="1,9", help="rows per decode pass (comma-separated)")
-    ap.add_argument("--prefill", type=int, default=256)
-    ap.add_argument("--passes", type=int, default=30)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--optimization", default="all", choices=OPTIMIZATION_LEVELS)
-    args = ap.parse_args(argv)
-    if args.model_dir:
-        model_dir = Path(args.model_dir)
-    else:
-        from ..models import default_model_dir
-
-        model_dir = default_model_dir(weight_dtype="int8" if args.int8 else "float32")
-    print(f"model {model_dir}  load average {os.getloadavg()[0]:.2f}  (best / median of {args.passes} passes)")
-
-    def rows(start: int, tokens: np.ndarray, all_logits: bool) -> Rows:
-        n = tokens.shape[0]
-        wanted = np.arange(n) if all_logits else np.array([n - 1])
-        return Rows(np.zeros(n, np.int64), np.arange(start, start + n, dtype=np.int64), tokens.astype(np.int64), wanted.astype(np.int64))
-
-    tokens = np.random.default_rng(0).integers(100, 10000, max(args.prefill, 64))
-    for ctx in (int(c) for c in args.contexts.split(",")):
-        with OrtDecoderPrimitives(model_dir, max_lanes=1, max_context=ctx, threads=args.threads, optimization=args.optimization) as p:
-            start = min(args.prefill, ctx - 64)
-            p.forward(rows(0, tokens[:8], False))
-            p.truncate(0, 0)
-            times = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                p.forward(rows(0, tokens[:start], False))
-                times.append(time.perf_counter() - t0)
-                p.truncate(0, 0)
-            print(f"max_context {ctx}: prefill {start} rows {min(times):.3f} s ({start / min(times):.0f} rows/s)")
-            p.forward(rows(0, tokens[:start], False))
-            for r in (int(x) for x in args.rows.split(",")):
-                times = []
-                for _ in range(args.passes):
-                    t0 = time.perf_counter()
-                    p.forward(rows(start, tokens[:r], True))
-                    times.append(time.perf_counter() - t0)
-                    p.truncate(0, start)
-                best, med = min(times), float(np.median(times))
-                print(f"  R={r:<3d} {1 / best:6.1f} passes/s best, {1 / med:6.1f} median ({best * 1e3:.1f} / {med * 1e3:.1f} ms)")
-
-
-if __name__ == "__main__":
-    _bench()
+def open_model(
+    model_dir: str | os.PathLike,
+    *,
+    max_lanes: int,
+    max_context: int,
+    threads: int | None = None,
+    engines: str | os.PathLike | None = None,
+    providers: Sequence = ("CPUExecutionProvider",),
+) -> OrtDecoderPrimitives:
+    """The decoder of ``model_dir`` on onnxruntime with ``providers`` (the first
+    one must exist here); the opener the backend registry names."""
+    providers = list(providers)
+    if providers and not isinstance(providers[0], str) and engines is not None:  # TensorRT EP: cache engines there
+        name, options = providers[0]
+        providers[0] = (name, {**options, "trt_engine_cache_path": os.fspath(Path(engines) / "ort_trt")})
+    return OrtDecoderPrimitives(
+        model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, providers=providers_for(providers)
+    )

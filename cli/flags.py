@@ -1,0 +1,86 @@
+"""The flags commands share: the model, the backend, sampling; defaults taken from the library."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Optional
+
+from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
+from sf_trt.backends import BACKENDS, names as backend_names
+from sf_trt.drafting import PromptLookupConfig
+from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
+from sf_trt.generate import DEFAULT_TICK_TOKENS
+
+__all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "CONTEXT_STEP", "DEFAULT_CONTEXT"]
+
+CONTEXT_STEP = 256
+DEFAULT_CONTEXT = 2048
+
+
+def ranged(kind, lo=None, hi=None, lo_open=False, what=""):
+    """An argparse type: ``kind`` in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what or kind.__name__}, got {text!r}") from None
+        if isinstance(value, float) and math.isnan(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got NaN")
+        if lo is not None and (value < lo or (lo_open and value == lo)):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        return value
+
+    return parse
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--gguf", type=Path, help="a Llama-family GGUF file (exported to ONNX on first use, then reused)")
+    src.add_argument("--model", type=Path, help="a model directory written by `sf-trt export`")
+    g.add_argument("--backend", choices=backend_names(), default="onnxruntime",
+                   help="; ".join(f"{b.name}: {b.summary}" for b in BACKENDS.values()))
+    g.add_argument("--engines", type=Path, default=Path("engines"),
+                   help="with --backend tensorrt: the directory of engines and manifest.json (default engines/)")
+    g.add_argument("--threads", type=ranged(int, 1, what="threads >= 1"), default=None,
+                   help="onnxruntime intra-op threads (default: one per core)")
+    g.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS,
+                   help=f"{DEFAULT_WEIGHTS} (default: per-channel int8 weights, onnxruntime's 8-bit kernels) or float32 "
+                   "(the GGUF dequantized as it is); speculative == plain under either")
+    g.add_argument("--max-context", type=ranged(int, 2, what="a context of >= 2 positions"), default=None,
+                   help="positions per lane: prompt plus output (default: the longest prompt plus its max tokens, "
+                   f"rounded up to a multiple of {CONTEXT_STEP}; {DEFAULT_CONTEXT} when output is unbounded). "
+                   "Attention reads the whole window every pass, so a tight one is faster")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[int]) -> None:
+    draft_default = PromptLookupConfig.max_draft
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=ranged(int, 1, what="max tokens >= 1"), default=max_tokens_default,
+                   help=f"most tokens to generate (default {max_tokens_default})" if max_tokens_default else "override every prompt's max_tokens")
+    g.add_argument("--temperature", type=ranged(float, 0.0, what="a temperature >= 0"), default=0.0,
+                   help="0 (default) is greedy; > 0 samples (Gumbel-max, keyed by --seed and position)")
+    g.add_argument("--top-p", type=ranged(float, 0.0, 1.0, lo_open=True, what="top-p in (0, 1]"), default=SamplingParams.top_p)
+    g.add_argument("--top-k", type=ranged(int, 0, what="top-k >= 0 (0: off)"), default=SamplingParams.top_k)
+    g.add_argument("--seed", type=ranged(int, 0, 2**63 - 1, what="a seed in 0..2**63-1"), default=0,
+                   help="the RNG counter base (the same seed draws the same tokens)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=draft_default,
+                   help=f"most draft tokens per verify pass (default {draft_default})")
+    g.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=DEFAULT_TICK_TOKENS,
+                   help=f"tokens each lane is asked for per tick (default {DEFAULT_TICK_TOKENS})")
+
+
+def sampling(args: argparse.Namespace) -> tuple[Sampling, SamplingParams]:
+    """The sampling mode and parameters the flags ask for (temperature 0: greedy)."""
+    flags = SamplingFlag.IGNORE_EOS if args.ignore_eos else SamplingFlag(0)
+    greedy = args.temperature == 0
+    params = SamplingParams(
+        temperature=1.0 if greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
+        max_tokens=args.max_tokens or 0, flags=flags,
+    )
+    return (Sampling.GPU_GREEDY if greedy else Sampling.GPU_GUMBEL), params

@@ -1,0 +1,350 @@
+"""The Llama decoder as one ONNX graph whose rows come out the same in any pass.
+
+Exactness is the product: speculative decoding emits bit-identical tokens to
+plain decoding only if **row r of a pass is bit-identical whatever the number of
+rows in the pass and whichever other lanes share it**. So every reduction a row
+goes through has a length and a layout that do not depend on the pass:
+
+* matmuls reduce over the model's fixed dims (hidden, ffn, head_dim);
+* attention reduces over the whole cache length ``S = max_context + 1``, every
+  key at the index equal to its absolute position: the pass's new K/V are
+  scattered (ScatterND) into the lane's cache before the scores are taken, and
+  keys past the row's own position get ``-inf`` added (their softmax weight
+  is exactly 0, so stale entries past a rolled-back length and the trash slot
+  never reach a real row);
+* rotary tables are gathered by position (no Sin/Cos kernels, whose vector tails
+  could depend on the tensor size), once per pass for q and k heads together,
+  the attention scale folded into q's rows;
+* no matmul with a non-constant right operand ever runs with M == 1: MLAS takes
+  a different path there (weight matmuls, whose operand is a prepacked constant,
+  are the same at M == 1 and M > 1). The attention matmuls have M = group * T
+  query rows per KV head; without GQA the queries are doubled.
+
+Inputs (``B`` lanes in the pass, ``T`` rows per lane, ``K`` logit rows, ``L``
+cache slots, ``S = max_context + 1``)::
+
+    input_ids    int64 [B, T]
+    positions    int64 [B, T]      absolute position of each row; padding rows use
+                                   S - 1 (= max_context, the trash slot)
+    lane_ids     int64 [B]         cache slot of each lane of the pass
+    logit_index  int64 [K]         flat rows b * T + t whose logits are wanted
+    past_key_i   float32 [L, n_kv_heads, S, head_dim]   (one pair per layer i;
+    past_value_i float32 [L, n_kv_heads, S, head_dim]    read only)
+
+That is the ``"slots"`` form (the default, and what TensorRT engines are built
+from: the caches stay bound whole, the graph gathers the pass's lanes). The
+``"pass"`` form (:func:`pass_form`) drops ``lane_ids`` and takes the pass's
+lanes' caches directly, ``past_key_i [B, n_kv_heads, S, head_dim]``, lane b's at
+b. onnxruntime's CPU ScatterND always copies its input (its kernel is not
+declared in-place), so on the CPU the gathered form costs two copies of every
+lane's cache per layer and the pass form one; the onnxruntime backend runs the
+pass form over zero-copy views of the host cache. A model directory holds both
+(``decoder.onnx``, ``decoder_pass.onnx``), sharing one weight file.
+
+Outputs::
+
+    logits  float32 [K, vocab]     hidden rows gathered by logit_index *before* the
+                                   final norm and the lm_head, so prefill rows cost
+                                   no lm_head
+    new_kv  float32 [n_layers, 2, B, T, n_kv_heads, head_dim]  this pass's K (0)
+                                   and V (1), post-rotary; the host writes row
+                                   (b, t) into its cache at (lane_ids[b], :,
+                                   positions[b, t], :), skipping padding rows
+
+A real row at position ``p < max_context`` sees keys ``j <= p``; a padding row
+(position ``max_context``) sees everything, and its output is thrown away.
+``B``, ``L`` and ``S`` are symbolic unless given, so one exported graph
+serves any ``max_lanes`` / ``max_context`` up to the model's context length.
+
+Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
+:mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
+``out = x * cos + swap_pairs(x) * sin_signed``.
+
+Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
+Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
+ScatterND, Shape, Range, Squeeze, Unsqueeze, Expand, Concat, Tile (and Slice
+without GQA; DequantizeLinear with int8 weights). No TopK, no bitwise ops, no contrib ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from sf_trt.formats.model_dir import CACHE_INPUTS, INPUTS, OUTPUTS, WEIGHT_DTYPES, LlamaConfig, cache_names
+from sf_trt.graphs.builder import GraphBuilder
+
+from .gguf_llama import LlamaLayerWeights, LlamaWeights
+from .quantize import quantize_int8
+
+__all__ = ["build_decoder_graph", "pass_form", "rope_tables"]
+
+
+def rope_tables(cfg: LlamaConfig, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos, sin_signed)`` float64 ``[length, head_dim]`` for interleaved pairs.
+
+    ``cos[p, 2i] = cos[p, 2i+1] = cos(p * w_i)``, ``sin_signed[p, 2i] = -sin(p * w_i)``,
+    ``sin_signed[p, 2i+1] = +sin(p * w_i)``, ``w_i = theta ** (-2i / head_dim)``.
+    """
+    half = cfg.head_dim // 2
+    inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.head_dim)
+    angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
+    cos = np.repeat(np.cos(angles), 2, axis=1)
+    sin = np.sin(angles)
+    sin_signed = np.stack([-sin, sin], axis=-1).reshape(length, cfg.head_dim)
+    return cos, sin_signed
+
+
+def build_decoder_graph(
+    cfg: LlamaConfig,
+    weights: LlamaWeights,
+    max_lanes: int | None = None,
+    max_context: int | None = None,
+    *,
+    cache_inputs: str = "slots",
+    weight_dtype: str = "float32",
+) -> onnx.ModelProto:
+    """The decoder graph (see the module docstring for inputs and outputs).
+
+    ``max_context`` fixes ``S - 1`` (None: symbolic; the rotary table then covers
+    the model's ``context_length``); ``max_lanes`` fixes the slot dim of the
+    ``"slots"`` form (and is only checked in the ``"pass"`` form).
+
+    ``weight_dtype="int8"`` stores every matmul weight (and the lm_head) as int8
+    with one float32 scale per output channel, as ``DequantizeLinear(axis=1) ->
+    MatMul`` (standard ONNX; onnxruntime fuses the pair into its 8-bit
+    weight-only kernel at load, a quarter of the bytes read per pass). The token
+    embedding stays float32 (only the pass's rows are read). The model it
+    computes is :func:`~sf_trt.export.quantize.int8_weights` of ``weights``.
+    """
+    _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype)
+    d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs)
+    x = d.pass_inputs(weights, max_context)
+    new_kv: list[str] = []
+    for i, layer in enumerate(weights.layers):
+        x = d.layer(i, layer, x, new_kv)
+    d.head(weights, x)
+    d.new_kv_output(new_kv)
+    return d.g.model(
+        "llama_decoder", *_io(cfg, max_lanes, max_context, cache_inputs), producer="sf_trt.export.decoder_graph"
+    )
+
+
+def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype) -> None:
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"build_decoder_graph: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
+    if cache_inputs not in CACHE_INPUTS:
+        raise ValueError(f"build_decoder_graph: cache_inputs {cache_inputs!r} unknown (known: {', '.join(CACHE_INPUTS)})")
+    weights.check(cfg)
+    if max_context is not None and not 1 <= max_context <= cfg.context_length:
+        raise ValueError(f"build_decoder_graph: max_context {max_context} outside 1..{cfg.context_length} (the model's context length)")
+    if max_lanes is not None and max_lanes < 1:
+        raise ValueError(f"build_decoder_graph: max_lanes must be >= 1 (got {max_lanes})")
+
+
+class _Decoder:
+    """The decoder graph under construction: what every layer shares, then each layer."""
+
+    def __init__(self, g: GraphBuilder, cfg: LlamaConfig, weight_dtype: str, cache_inputs: str) -> None:
+        self.g, self.cfg, self.weight_dtype, self.cache_inputs = g, cfg, weight_dtype, cache_inputs
+        nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        # onnxruntime's MLAS computes a matmul whose B is not a constant differently
+        # when M == 1 (a GEMV path) than when M > 1, so the attention matmuls (M = rep *
+        # grp * T query rows per KV head) must never have M == 1: without GQA
+        # (grp == 1) each query row is computed twice and the copy dropped.
+        self.rep = 2 if cfg.group == 1 else 1
+        self.eps, self.two = g.f32(cfg.rms_eps, "rms_eps"), g.f32(2.0, "two")
+        self.swap = g.i64(np.arange(hd) ^ 1, "pair_swap")  # 1, 0, 3, 2, ...
+        self.shapes = {
+            "split_gu": g.i64([cfg.ffn, cfg.ffn], "split_gu"),
+            "split_qk_v": g.i64([(nh + nkv) * hd, nkv * hd], "split_qk_v"),
+            "split_q_k": g.i64([nh, nkv], "split_q_k"),
+            "qk": g.i64([0, 0, nh + nkv, hd], "shape_qk"),
+            "kv": g.i64([0, 0, nkv, hd], "shape_kv"),
+            "groups": g.i64([0, nkv, -1, hd], "shape_groups"),
+            "heads": g.i64([0, nh, -1, hd], "shape_heads"),
+            "merge": g.i64([0, 0, nh * hd], "shape_merge"),
+        }
+
+    def matrix(self, name: str, w: np.ndarray) -> str:
+        """The ``[in, out]`` operand of ``x @ w.T`` for an ``[out, in]`` weight."""
+        g = self.g
+        if self.weight_dtype == "float32":
+            return g.init(np.ascontiguousarray(w.T), name)
+        q, scale = quantize_int8(w)
+        g.init(np.ascontiguousarray(q.T), f"{name}.q")
+        g.init(scale, f"{name}.scale")
+        return g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1)
+
+    def rms_norm(self, x: str, weight: str, stem: str) -> str:
+        # Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul: the pattern onnxruntime fuses.
+        g = self.g
+        ms = g.op("ReduceMean", [g.op("Pow", [x, self.two], f"{stem}_sq")], f"{stem}_ms", axes=[-1], keepdims=1)
+        rms = g.op("Sqrt", [g.op("Add", [ms, self.eps], f"{stem}_mseps")], f"{stem}_rms")
+        return g.op("Mul", [g.op("Div", [x, rms], f"{stem}_normed"), weight], stem)
+
+    def rope(self, x: str, stem: str) -> str:
+        """x [B, T, heads, hd] rotated pairwise by position (cos/sin [B, T, heads, hd])."""
+        g = self.g
+        swapped = g.op("Gather", [x, self.swap], f"{stem}_swap", axis=3)
+        return g.op("Add", [g.op("Mul", [x, self.cos], f"{stem}_c"), g.op("Mul", [swapped, self.sin], f"{stem}_s")], stem)
+
+    def pass_inputs(self, weights: LlamaWeights, max_context: int | None) -> str:
+        """What every layer shares: embeddings, rotary rows, the mask, scatter indices.
+        Returns the embedded rows ``[B, T, H]``."""
+        g, cfg = self.g, self.cfg
+        nh, nkv, hd, grp = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group
+        table_len = (cfg.context_length if max_context is None else max_context) + 1
+        cos_tab, sin_tab = rope_tables(cfg, table_len)
+        g.f32(cos_tab, "rope_cos")
+        g.f32(sin_tab, "rope_sin")
+        g.init(weights.tok_embd, "tok_embd")
+        neg_inf = g.f32(-np.inf, "neg_inf")
+        zero, one = g.i64(0, "zero"), g.i64(1, "one")
+        self.ax0, self.ax2 = ax0, ax2 = g.i64([0], "axis0"), g.i64([2], "axis2")
+        x = g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0)  # [B, T, H]
+        # rotary rows for q and k heads at once, the attention scale folded into q's
+        head_scale = g.f32(np.r_[np.full(nh, 1.0 / np.sqrt(hd)), np.ones(nkv)].reshape(nh + nkv, 1), "head_scale")
+        self.cos, self.sin = (
+            g.op("Mul", [g.op("Unsqueeze", [g.op("Gather", [f"rope_{f}", "positions"], f"{f}_rows", axis=0), ax2], f"{f}_1"), head_scale], f)
+            for f in ("cos", "sin")
+        )
+        self.ids_shape = g.op("Shape", ["input_ids"], "ids_shape")
+        b_dim = g.op("Shape", ["input_ids"], "b_dim", start=0, end=1)  # [1]
+        self.t_dim = t_dim = g.op("Shape", ["input_ids"], "t_dim", start=1, end=2)  # [1]
+        s_dim = g.op("Shape", ["past_key_0"], "s_dim", start=2, end=3)  # [1]
+        key_idx = g.op("Range", [zero, g.op("Squeeze", [s_dim, ax0], "s_scalar"), one], "key_idx")  # [S]
+        # query row g*T + t of a KV group has the position of row t: tile positions
+        pos_b1t1 = g.op("Unsqueeze", ["positions", g.i64([1, 3], "axes13")], "pos_b1t1")
+        pos_q = g.op("Tile", [pos_b1t1, g.i64([1, 1, self.rep * grp, 1], "tile_grp")], "pos_q")
+        visible = g.op("LessOrEqual", [key_idx, pos_q], "visible")  # [B, 1, rep*grp*T, S]: key j iff j <= position
+        self.mask = g.op("Where", [visible, g.f32(0.0, "zero_f"), neg_inf], "mask")  # added to the scores
+        # ScatterND indices (b, kv head, position) of each new row's K/V: [B, T, nkv, 3]
+        b_range = g.op("Range", [zero, g.op("Squeeze", [b_dim, ax0], "b_scalar"), one], "b_range")
+        idx_shape = g.op("Concat", [b_dim, t_dim, g.i64([nkv], "nkv_dim"), g.i64([1], "one_dim")], "idx_shape", axis=0)
+        b_idx = g.op("Expand", [g.op("Reshape", [b_range, g.i64([-1, 1, 1, 1], "shape_b111")], "b_col"), idx_shape], "b_idx")
+        h_idx = g.op("Expand", [g.i64(np.arange(nkv).reshape(1, 1, nkv, 1), "h_col"), idx_shape], "h_idx")
+        p_idx = g.op("Expand", [g.op("Reshape", ["positions", g.i64([0, -1, 1, 1], "shape_0m11")], "p_col"), idx_shape], "p_idx")
+        self.scatter_idx = g.op("Concat", [b_idx, h_idx, p_idx], "scatter_idx", axis=3)
+        if self.rep > 1:
+            self.q_rows = g.op("Mul", [t_dim, g.i64([grp], "grp_dim")], "q_rows")  # [1]: grp * T
+            self.tile_rep, self.zero1 = g.i64([1, 1, self.rep, 1], "tile_rep"), g.i64([0], "zero1")
+        return x
+
+    def layer(self, i: int, layer: LlamaLayerWeights, x: str, new_kv: list[str]) -> str:
+        """One decoder layer over the rows ``x`` ``[B, T, H]``; appends its K and V to ``new_kv``."""
+        g, shapes, p = self.g, self.shapes, f"l{i}"
+        w_qkv = self.matrix(f"{p}.w_qkv", np.concatenate([layer.wq, layer.wk, layer.wv], axis=0))  # [H, (nh+2nkv)hd]
+        w_o = self.matrix(f"{p}.w_o", layer.wo)
+        w_gu = self.matrix(f"{p}.w_gate_up", np.concatenate([layer.w_gate, layer.w_up], axis=0))  # [H, 2F]
+        w_down = self.matrix(f"{p}.w_down", layer.w_down)
+        g.init(layer.attn_norm, f"{p}.attn_norm")
+        g.init(layer.ffn_norm, f"{p}.ffn_norm")
+
+        h = self.rms_norm(x, f"{p}.attn_norm", f"{p}_attn_norm")
+        qk, v = g.op("Split", [g.op("MatMul", [h, w_qkv], f"{p}_qkv"), shapes["split_qk_v"]], f"{p}_split", n_out=2, axis=-1)
+        qk = self.rope(g.op("Reshape", [qk, shapes["qk"]], f"{p}_qk4"), f"{p}_qk_rot")  # [B, T, nh+nkv, hd]
+        q, k = g.op("Split", [qk, shapes["split_q_k"]], f"{p}_q_k", n_out=2, axis=2)  # q scaled by 1/sqrt(hd)
+        v = g.op("Reshape", [v, shapes["kv"]], f"{p}_v4")  # [B, T, nkv, hd]
+        new_kv += [k, v]
+        caches = []
+        for name, new in zip(cache_names(i), (k, v)):
+            lane_cache = name  # [B, nkv, S, hd]
+            if self.cache_inputs == "slots":
+                lane_cache = g.op("Gather", [name, "lane_ids"], f"{p}_{name[5]}_lanes", axis=0)
+            caches.append(g.op("ScatterND", [lane_cache, self.scatter_idx, new], f"{p}_{name[5]}_cache"))
+        k_all, v_all = caches
+        qg = g.op("Reshape", [g.op("Transpose", [q], f"{p}_q_t", perm=[0, 2, 1, 3]), shapes["groups"]], f"{p}_q_groups")
+        if self.rep > 1:
+            qg = g.op("Tile", [qg, self.tile_rep], f"{p}_q_rep")
+        scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B,nkv,rep*grp*T,S]
+        probs = g.op("Softmax", [g.op("Add", [scores, self.mask], f"{p}_masked")], f"{p}_probs", axis=-1)
+        attn = g.op("MatMul", [probs, v_all], f"{p}_attn")  # [B, nkv, rep*grp*T, hd]
+        if self.rep > 1:
+            attn = g.op("Slice", [attn, self.zero1, self.q_rows, self.ax2], f"{p}_attn_once")
+        attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shapes["heads"]], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shapes["merge"]], f"{p}_attn_m")
+        x = g.op("Add", [x, g.op("MatMul", [attn, w_o], f"{p}_o")], f"{p}_resid1")
+        h = self.rms_norm(x, f"{p}.ffn_norm", f"{p}_ffn_norm")
+        gate, up = g.op("Split", [g.op("MatMul", [h, w_gu], f"{p}_gu"), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}_sig")], f"{p}_silu"), up], f"{p}_act")
+        return g.op("Add", [x, g.op("MatMul", [act, w_down], f"{p}_down")], f"{p}_resid2")
+
+    def head(self, weights: LlamaWeights, x: str) -> None:
+        """The logits of the wanted rows only: gathered *before* the final norm and the lm_head."""
+        g, cfg = self.g, self.cfg
+        g.init(weights.output_norm, "output_norm")
+        hidden_rows = g.op("Reshape", [x, g.i64([-1, cfg.hidden], "shape_rows")], "hidden_rows")
+        rows = g.op("Gather", [hidden_rows, "logit_index"], "logit_hidden", axis=0)
+        hn = self.rms_norm(rows, "output_norm", "final_norm")
+        if self.weight_dtype == "int8":
+            g.named("MatMul", [hn, self.matrix("lm_head", weights.output_matrix())], "logits")
+        elif weights.lm_head is None:
+            g.named("Gemm", [hn, "tok_embd"], "logits", transB=1)
+        else:
+            g.named("Gemm", [hn, g.init(weights.lm_head, "lm_head")], "logits", transB=1)
+
+    def new_kv_output(self, new_kv: list[str]) -> None:
+        """new_kv: [B, T, 2 * layers * nkv, hd] -> [B, T, layers, 2, nkv, hd] -> [layers, 2, B, T, nkv, hd]."""
+        g, cfg = self.g, self.cfg
+        stacked = g.op("Concat", new_kv, "kv_cat", axis=2)
+        kv_shape = g.op("Concat", [self.ids_shape, g.i64([cfg.n_layers, 2, cfg.n_kv_heads, cfg.head_dim], "kv_tail")], "kv_shape", axis=0)
+        g.named("Transpose", [g.op("Reshape", [stacked, kv_shape], "kv6")], "new_kv", perm=[2, 3, 0, 1, 4, 5])
+
+
+def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs) -> tuple[list, list]:
+    nkv, hd = cfg.n_kv_heads, cfg.head_dim
+    S = max_context + 1 if max_context is not None else "cache_len"
+    lanes = "batch" if cache_inputs == "pass" else (max_lanes if max_lanes is not None else "max_lanes")
+    per_pass = {"input_ids": ["batch", "rows"], "positions": ["batch", "rows"], "lane_ids": ["batch"], "logit_index": ["logit_rows"]}
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.INT64, per_pass[name])
+        for name in INPUTS
+        if cache_inputs == "slots" or name != "lane_ids"
+    ]
+    for i in range(cfg.n_layers):
+        inputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, [lanes, nkv, S, hd]) for name in cache_names(i)]
+    logits, new_kv = OUTPUTS
+    outputs = [
+        helper.make_tensor_value_info(logits, TensorProto.FLOAT, ["logit_rows", cfg.vocab]),
+        helper.make_tensor_value_info(new_kv, TensorProto.FLOAT, [cfg.n_layers, 2, "batch", "rows", nkv, hd]),
+    ]
+    return inputs, outputs
+
+
+def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the
+    caches of the pass's lanes as inputs (see the module docstring).
+
+    Works on the graph alone (initializers are shared, never copied), so it can
+    be applied to a graph loaded without its external data.
+    """
+    graph = model.graph
+    if "lane_ids" not in {i.name for i in graph.input}:
+        raise ValueError("pass_form: the graph has no lane_ids input (already the pass form?)")
+    caches = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
+    gathers = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
+    out = onnx.ModelProto()
+    out.ir_version, out.producer_name = model.ir_version, model.producer_name
+    out.opset_import.extend(model.opset_import)
+    g = out.graph
+    g.name = graph.name
+    g.initializer.extend(graph.initializer)
+    for node in graph.node:
+        if node.output[0] in gathers:
+            continue
+        new = g.node.add()
+        new.CopyFrom(node)
+        for k, name in enumerate(new.input):
+            if name in gathers:
+                new.input[k] = gathers[name]
+    for vi in graph.input:
+        if vi.name == "lane_ids":
+            continue
+        new = g.input.add()
+        new.CopyFrom(vi)
+        if vi.name in caches:
+            new.type.tensor_type.shape.dim[0].Clear()
+            new.type.tensor_type.shape.dim[0].dim_param = "batch"
+    g.output.extend(graph.output)
+    return out

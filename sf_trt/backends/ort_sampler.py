@@ -1,0 +1,82 @@
+"""Verify-and-sample on onnxruntime: the graphs of :mod:`sf_trt.graphs.verify`, run on the CPU.
+
+:class:`OrtVerifySampler` holds sessions for the verify graph and its cheaper
+variants and runs, per call, the cheapest one that covers every row:
+
+* no Gumbel row: the greedy graph (``ArgMax`` + ``Equal``);
+* no Gumbel row with ``top_k > 0`` / with ``top_p < 1``: the variant without the
+  TopK / without the top-p bisection;
+* otherwise the full graph.
+
+Each variant draws bit-for-bit what the full graph draws on the rows it covers
+(``tests/test_verify_graph.py`` checks it), so which one ran, which depends on the
+other rows of the batch, never changes a row's token (SPEC behaviour 3).
+Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ort_session import open_session
+from ..graphs import verify as _verify
+from ..primitives import SampleRows
+
+__all__ = ["OrtVerifySampler"]
+
+_DTYPES = {
+    "mode": np.int64, "temperature": np.float32, "top_p": np.float32, "top_k": np.int64,
+    "rng_key": np.int64, "position": np.int64, "draft": np.int64,
+}
+
+
+class OrtVerifySampler:
+    """The verify-and-sample graph on onnxruntime's CPU provider.
+
+    ``run(logits [K, vocab], sample)`` returns ``(tokens [K] int64, match [K] bool)``.
+    """
+
+    def __init__(self, vocab: int, top_k_limit: int = 1024, threads: int = 1) -> None:
+        self.vocab = int(vocab)
+        self.top_k_limit = int(top_k_limit)
+        self.threads = int(threads)
+        self._greedy = self._session(_verify.build_greedy_graph(self.vocab))
+        self._full = self._session(_verify.build_verify_graph(self.vocab, self.top_k_limit))
+        # (top_k used, top_p used) -> session; built on first use.
+        self._variants = {(True, True): self._full}
+
+    def _session(self, model):
+        return open_session(model, threads=self.threads)
+
+    def _variant(self, top_k: bool, top_p: bool):
+        key = (top_k, top_p)
+        if key not in self._variants:
+            self._variants[key] = self._session(
+                _verify.build_verify_graph(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p)
+            )
+        return self._variants[key]
+
+    def session_for(self, sample: SampleRows) -> str:
+        """Which graph :meth:`run` uses for ``sample``: ``"greedy"`` or
+        ``"gumbel[+top_k][+top_p]"``."""
+        gumbel = np.asarray(sample.mode) == _verify.GUMBEL
+        if not gumbel.any():
+            return "greedy"
+        top_k = bool(np.any(np.asarray(sample.top_k)[gumbel] > 0))
+        top_p = bool(np.any(np.asarray(sample.top_p, np.float32)[gumbel] < 1.0))
+        return "gumbel" + ("+top_k" if top_k else "") + ("+top_p" if top_p else "")
+
+    def run(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
+        k = sample.num_rows
+        if k == 0:
+            return np.zeros(0, np.int64), np.zeros(0, bool)
+        feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32)}
+        for name in _verify.SAMPLE_INPUTS:
+            feeds[name] = np.ascontiguousarray(getattr(sample, name), dtype=_DTYPES[name])
+        which = self.session_for(sample)
+        if which == "greedy":
+            sess = self._greedy
+        else:
+            sess = self._variant("+top_k" in which, "+top_p" in which)
+        tokens, match = sess.run(list(_verify.OUTPUTS), feeds)
+        return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)

@@ -1,0 +1,72 @@
+"""Where the arrays live: numpy on the CPU (the stand-in) or torch on one CUDA device."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from .buffers import numpy_dtype
+
+__all__ = ["Device", "NumpyDevice", "TorchDevice"]
+
+
+class Device(Protocol):
+    """Arrays of one place: numpy on the CPU (stand-in) or torch on a CUDA device."""
+
+    def to_device(self, a: np.ndarray) -> Any: ...
+    def to_host(self, x: Any) -> np.ndarray: ...
+    def zeros(self, shape: Sequence[int], dtype: str) -> Any: ...
+    def put(self, buf: Any, index: tuple, values: Any) -> None: ...
+    def synchronize(self) -> None: ...
+
+
+class NumpyDevice:
+    def to_device(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def zeros(self, shape: Sequence[int], dtype: str) -> np.ndarray:
+        return np.zeros(tuple(shape), np.dtype(numpy_dtype(dtype)))
+
+    def put(self, buf: np.ndarray, index: tuple, values: np.ndarray) -> None:
+        buf[index] = values
+
+    def synchronize(self) -> None:
+        pass
+
+
+class TorchDevice:
+    """torch tensors on one CUDA device; all work on one stream."""
+
+    def __init__(self, torch, device: int) -> None:
+        self.torch = torch
+        self.device = torch.device("cuda", device)
+        self.stream = torch.cuda.Stream(self.device)
+        self.dtypes = {
+            "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+        }
+
+    def to_device(self, a: np.ndarray):
+        with self.torch.cuda.stream(self.stream):
+            return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=False)
+
+    def to_host(self, x) -> np.ndarray:
+        self.stream.synchronize()
+        if x.dtype == self.torch.bfloat16:
+            x = x.float()
+        return x.cpu().numpy()
+
+    def zeros(self, shape, dtype: str):
+        with self.torch.cuda.stream(self.stream):
+            return self.torch.zeros(tuple(shape), dtype=self.dtypes[dtype], device=self.device)
+
+    def put(self, buf, index: tuple, values) -> None:
+        with self.torch.cuda.stream(self.stream):
+            buf[index] = values
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()

@@ -1,0 +1,135 @@
+"""The decoder on onnxruntime (sf_trt.backends.ort_decoder): packing, rollback, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rows import SEQ, bits, close_to_reference, concat, rows
+from sf_trt.export.reference import reference_forward
+
+from sf_trt.abi import Status, StatusError
+from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+from sf_trt.primitives import SampleRows
+
+
+@pytest.fixture
+def prims(tiny_model_dir):
+    p = OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, threads=1)
+    yield p
+    p.close()
+
+
+def test_int8_below_extended_optimization_is_refused(tiny_int8_model_dir):
+    with pytest.raises(StatusError, match="'basic' with int8 weights: rows would not be exact"):
+        OrtDecoderPrimitives(tiny_int8_model_dir, max_context=64, optimization="basic")
+
+
+def test_truncate_then_rerun_equals_a_fresh_run(prims):
+    fresh = np.concatenate([prims.forward(rows(0, 0, SEQ[:10])), prims.forward(rows(0, 10, SEQ[10:30]))])
+    prims.release(0)
+    # lane 1: a draft of 8 with 2 right and 6 wrong, rolled back to the 2, then the truth
+    prims.forward(rows(1, 0, SEQ[:10]))
+    draft = np.concatenate([SEQ[10:12], (SEQ[12:18] + 1) % 256])
+    prims.forward(rows(1, 10, draft))
+    prims.truncate(1, 12)
+    again = prims.forward(rows(1, 12, SEQ[12:30]))
+    assert np.array_equal(bits(again), bits(fresh[12:30]))
+    # all the way back to empty
+    prims.truncate(1, 0)
+    assert np.array_equal(bits(prims.forward(rows(1, 0, SEQ[:10]))), bits(fresh[:10]))
+
+
+def test_lanes_sharing_a_pass_equal_each_lane_alone(tiny, prims):
+    cfg, weights = tiny
+    seqs = {0: SEQ[:7], 1: SEQ[5:8], 2: SEQ[20:32]}
+    alone = {}
+    for lane, s in seqs.items():
+        alone[lane] = prims.forward(rows(lane, 0, s))
+        prims.release(lane)
+    together = prims.forward(concat(*(rows(lane, 0, s) for lane, s in seqs.items())))
+    offset = 0
+    for lane, s in seqs.items():
+        assert np.array_equal(bits(together[offset:offset + len(s)]), bits(alone[lane]))
+        close_to_reference(alone[lane], reference_forward(cfg, weights, s))
+        offset += len(s)
+    # and decoding on from there, lanes packed in another order, one row each
+    step = prims.forward(concat(rows(2, 12, SEQ[32:33]), rows(0, 7, SEQ[7:8]), rows(1, 3, SEQ[8:9])))
+    close_to_reference(step[0], reference_forward(cfg, weights, SEQ[20:33])[-1])
+    close_to_reference(step[1], reference_forward(cfg, weights, SEQ[:8])[-1])
+
+
+def test_logit_rows_come_back_in_the_order_asked(prims):
+    full = prims.forward(rows(0, 0, SEQ[:12]))
+    prims.release(0)
+    wanted = np.array([11, 3, 3, 0, 7])
+    part = prims.forward(rows(0, 0, SEQ[:12], logits=wanted))
+    assert np.array_equal(bits(part), bits(full[wanted]))
+    prims.release(0)
+    assert prims.forward(rows(0, 0, SEQ[:12], logits=[])).shape == (0, 256)
+
+
+def test_non_contiguous_slots_are_copied_and_still_exact(prims):
+    a = prims.forward(rows(0, 0, SEQ[:9]))
+    b = prims.forward(rows(2, 0, SEQ[9:14]))
+    prims.release(0), prims.release(2)
+    copies = prims.cache_copies
+    both = prims.forward(concat(rows(2, 0, SEQ[9:14]), rows(0, 0, SEQ[:9])))
+    assert prims.cache_copies == copies + 1
+    assert np.array_equal(bits(both[:5]), bits(b)) and np.array_equal(bits(both[5:]), bits(a))
+
+
+def test_a_long_lane_and_a_short_one_run_apart_without_padding(prims):
+    long_alone = prims.forward(rows(0, 0, SEQ[:40]))
+    prims.release(0)
+    short_alone = prims.forward(rows(1, 0, SEQ[:1]))
+    prims.release(1)
+    runs = prims.runs
+    both = prims.forward(concat(rows(0, 0, SEQ[:40]), rows(1, 0, SEQ[:1])))
+    assert prims.runs == runs + 2  # 40 rows of padding cost more than a second run
+    assert np.array_equal(bits(both[:40]), bits(long_alone)) and np.array_equal(bits(both[40:]), bits(short_alone))
+
+
+def test_verify_sample_draws_the_argmax_under_greedy(prims):
+    logits = prims.forward(rows(0, 0, SEQ[:5]))
+    k = logits.shape[0]
+    sample = SampleRows(
+        mode=np.zeros(k, np.int64), temperature=np.ones(k, np.float32), top_p=np.ones(k, np.float32),
+        top_k=np.zeros(k, np.int64), rng_key=np.zeros(k, np.int64), position=np.arange(k, dtype=np.int64),
+        draft=np.argmax(logits, axis=1).astype(np.int64),
+    )
+    tokens, match = prims.verify_sample(logits, sample)
+    assert np.array_equal(tokens, np.argmax(logits, axis=1)) and match.all()
+
+
+def test_capabilities(tiny, prims):
+    cfg, _ = tiny
+    caps = prims.capabilities
+    assert caps.verify_rows and caps.truncate_partial and caps.kernel_capabilities == 0
+    assert (caps.vocab, caps.eos, caps.max_lanes, caps.max_context) == (cfg.vocab, cfg.eos, 3, 64)
+    assert prims.config == cfg
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(max_context=4096), "max_context 4096 outside 2..512"),
+        (dict(max_lanes=0), "max_lanes must be >= 1"),
+        (dict(optimization="fast"), "optimization 'fast' unknown"),
+    ],
+)
+def test_bad_constructor_arguments_are_refused(tiny_model_dir, kw, message):
+    with pytest.raises(StatusError) as err:
+        OrtDecoderPrimitives(tiny_model_dir, **{"max_context": 64, **kw})
+    assert err.value.status == Status.BAD_ARGUMENT and message in str(err.value)
+
+
+def test_a_directory_without_a_model_is_refused(tmp_path):
+    with pytest.raises(StatusError, match=f"{tmp_path}: no config.json"):
+        OrtDecoderPrimitives(tmp_path)
+
+
+def test_closed_primitives_refuse_work(tiny_model_dir):
+    p = OrtDecoderPrimitives(tiny_model_dir, max_lanes=1, max_context=16)
+    p.close()
+    with pytest.raises(StatusError, match="used after close"):
+        p.forward(rows(0, 0, SEQ[:2]))

@@ -1,0 +1,96 @@
+"""Verify-and-sample on onnxruntime (sf_trt.backends.ort_sampler): the cheapest graph that covers a batch, the same draws."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnxruntime as ort
+
+from sf_trt.graphs import verify as V
+from sf_trt.primitives import SampleRows
+from sf_trt.backends.ort_sampler import OrtVerifySampler
+
+VOCABS = (5, 37, 64, 300)  # 64: no padding; the others padded to a multiple of 16
+
+
+TOPK_LIMIT = 16
+
+
+@functools.lru_cache(maxsize=None)
+def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False):
+    if greedy:
+        model = V.build_greedy_graph(vocab)
+    else:
+        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, debug=debug)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run(feeds, vocab, **kw):
+    """(tokens, match[, u, keep, lo]) of the graph on ``feeds``."""
+    return session(vocab, **kw).run(None, feeds)
+
+
+def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool = False, gumbel_share: float = 0.7):
+    if ties:  # small integers: exact ties everywhere
+        logits = rng.integers(-3, 3, (rows, vocab)).astype(np.float32)
+    else:
+        logits = (rng.normal(0, rng.uniform(0.5, 4), (rows, vocab))).astype(np.float32)
+    return {
+        "logits": logits,
+        "mode": (rng.random(rows) < gumbel_share).astype(np.int64),
+        "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
+        "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
+        "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
+        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
+        "position": rng.integers(0, 2**31, rows, dtype=np.int64),
+        "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
+    }
+
+
+def sample_rows(feeds) -> SampleRows:
+    return SampleRows(**{k: feeds[k] for k in V.SAMPLE_INPUTS})
+
+
+def test_sampler_picks_the_cheapest_graph_and_draws_what_the_full_graph_draws():
+    vocab = 37
+    sampler = OrtVerifySampler(vocab, top_k_limit=TOPK_LIMIT)
+    rng = np.random.default_rng(7)
+    feeds = random_feeds(rng, 24, vocab)
+    cases = {
+        "greedy": dict(mode=0),
+        "gumbel": dict(top_k=0, top_p=1.0),
+        "gumbel+top_k": dict(top_p=1.0),
+        "gumbel+top_p": dict(top_k=0),
+        "gumbel+top_k+top_p": {},
+    }
+    for which, override in cases.items():
+        f = dict(feeds)
+        for name, value in override.items():
+            f[name] = np.full(24, value, f[name].dtype)
+        if which != "greedy":
+            f["top_k"] = np.where(f["mode"] == 1, f["top_k"], 5)  # greedy rows' params never matter
+            f["top_p"] = np.where(f["mode"] == 1, f["top_p"], np.float32(0.3))
+        sample = sample_rows(f)
+        assert sampler.session_for(sample) == which
+        tokens, match = sampler.run(f["logits"], sample)
+        assert tokens.dtype == np.int64 and match.dtype == np.bool_ and tokens.shape == (24,)
+        np.testing.assert_array_equal(tokens, run(f, vocab)[0])
+        np.testing.assert_array_equal(match, tokens == f["draft"])
+
+
+def test_sampler_converts_dtypes_and_layouts_and_handles_no_rows():
+    vocab = 37
+    sampler = OrtVerifySampler(vocab, top_k_limit=TOPK_LIMIT)
+    tokens, match = sampler.run(np.zeros((0, vocab), np.float32), SampleRows.empty())
+    assert tokens.shape == (0,) and tokens.dtype == np.int64 and match.shape == (0,) and match.dtype == np.bool_
+    rng = np.random.default_rng(3)
+    feeds = random_feeds(rng, 10, vocab)
+    want = sampler.run(feeds["logits"], sample_rows(feeds))
+    wide = np.asfortranarray(np.concatenate([feeds["logits"], feeds["logits"]], axis=1).astype(np.float64))[:, :vocab]
+    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_key" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
+    got = sampler.run(wide, sample_rows(odd))
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

@@ -1,0 +1,113 @@
+"""Rows of a pass are bit-identical however the pass is packed: the decoder on onnxruntime, every optimization level, tiny and real."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def schedules_for(s) -> dict:
+    return {
+        "chunks of 2": s.chunked(2),
+        "chunks of 3": s.chunked(3),
+        "chunks of 4": s.chunked(4),
+        "chunks of 9": s.chunked(9),
+        "all at once": s.chunked(10**6),
+        "lanes mixed 1/4/9": s.mixed([1, 4, 9], lambda k: [0, 1, 2] if k % 2 else [2, 0, 1]),
+        "lanes mixed 3/1/7/2": s.mixed([3, 1, 7, 2], lambda k: [1, 2, 0]),
+        "one long, two decoding": s.mixed([16, 1, 1], lambda k: [0, 1, 2]),
+        "two lanes, slots 0 and 2": s.mixed([2, 5], lambda k: [2, 0] if k % 2 else [0, 2]),
+    }
+
+
+def assert_rows_exact(prims, sched) -> None:
+    plain = sched.run(prims, sched.plain())
+    failures = []
+    for name, schedule in schedules_for(sched).items():
+        got = sched.run(prims, schedule)
+        for lane in sched.seqs:
+            n = len(got[lane])
+            if not np.array_equal(bits(got[lane]), bits(plain[lane][:n])):
+                bad = int(np.any(bits(got[lane]) != bits(plain[lane][:n]), axis=1).sum())
+                failures.append(f"{name}: lane {lane}, {bad} rows differ (max {np.abs(got[lane] - plain[lane][:n]).max():.3g})")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("optimization", ["disable", "basic", "extended", "all"])
+def test_tiny_rows_are_exact_in_any_pass(tiny_model_dir, schedules, optimization, threads):
+    rng = np.random.default_rng(11)
+    sched = schedules({0: rng.integers(0, 256, 30), 1: rng.integers(0, 256, 22), 2: rng.integers(0, 256, 27)})
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, threads=threads, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
+@pytest.mark.parametrize("optimization", ["extended", "all"])
+def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, optimization):
+    rng = np.random.default_rng(14)
+    sched = schedules({0: rng.integers(0, 256, 24), 1: rng.integers(0, 256, 19), 2: rng.integers(0, 256, 21)})
+    with OrtDecoderPrimitives(tiny_int8_model_dir, max_lanes=3, max_context=64, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
+@pytest.mark.parametrize("optimization", ["disable", "all"])
+def test_tiny_rows_without_gqa_are_exact(tiny_mha_model_dir, schedules, optimization):
+    """Without GQA a decode row's attention matmul would have M == 1, where MLAS
+    differs from M > 1; the graph doubles the queries so it never does."""
+    rng = np.random.default_rng(15)
+    sched = schedules({0: rng.integers(0, 256, 20), 1: rng.integers(0, 256, 14), 2: rng.integers(0, 256, 17)})
+    with OrtDecoderPrimitives(tiny_mha_model_dir, max_lanes=3, max_context=64, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
+def test_tiny_rows_are_exact_in_the_slots_form(tiny_model_dir, schedules):
+    rng = np.random.default_rng(12)
+    sched = schedules({0: rng.integers(0, 256, 20), 1: rng.integers(0, 256, 15), 2: rng.integers(0, 256, 18)})
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, cache_inputs="slots") as prims:
+        assert_rows_exact(prims, sched)
+
+
+def test_tiny_rows_do_not_depend_on_how_runs_are_split(tiny_model_dir, schedules):
+    """pass_cost_rows=0: every lane its own run; huge: all lanes in one padded run."""
+    rng = np.random.default_rng(13)
+    sched = schedules({0: rng.integers(0, 256, 25), 1: rng.integers(0, 256, 9), 2: rng.integers(0, 256, 17)})
+    mixed = sched.mixed([9, 1, 4], lambda k: [0, 1, 2])
+    out = []
+    for cost in (0, 10**6):
+        with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=64, pass_cost_rows=cost) as prims:
+            out.append(sched.run(prims, mixed))
+    for lane in sched.seqs:
+        assert np.array_equal(bits(out[0][lane]), bits(out[1][lane]))
+
+
+TEXTS = [
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "The Eiffel Tower is in Paris, and the Colosseum is in Rome.",
+    "Über 3 Ängste — naïve café, 日本語 🙂 and more text",
+]
+
+
+@pytest.mark.slow
+def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules, real_tokenizer):
+    """SmolLM2-135M (30 layers, 49152-token lm_head): the same schedules, bit for bit."""
+    tok = real_tokenizer
+    sched = schedules({lane: np.asarray(tok.encode(t)[:12], np.int64) for lane, t in enumerate(TEXTS)})
+    assert all(len(s) == 12 for s in sched.seqs.values())
+    assert_rows_exact(real_prims, sched)
+
+
+@pytest.mark.slow
+def test_real_int8_model_rows_are_exact(real_int8_model_dir, schedules, real_tokenizer):
+    with OrtDecoderPrimitives(real_int8_model_dir, max_lanes=3, max_context=128) as prims:
+        tok = real_tokenizer
+        sched = schedules({lane: np.asarray(tok.encode(t)[:8], np.int64) for lane, t in enumerate(TEXTS)})
+        plain = sched.run(prims, sched.plain())
+        for schedule in (sched.chunked(3), sched.mixed([1, 4, 7], lambda k: [2, 0, 1])):
+            got = sched.run(prims, schedule)
+            assert all(np.array_equal(bits(got[lane]), bits(plain[lane])) for lane in sched.seqs)

@@ -1,0 +1,48 @@
+"""``sf-trt bench``: identical outputs, bad prompt files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def sf_trt(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", *args], capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def refused(*args: str, code: int = 1) -> str:
+    proc = sf_trt(*args)
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_bench_reports_identical_outputs(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "copy", "messages": [{"role": "user", "content": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}], "max_tokens": 20}) + "\n"
+        + json.dumps({"id": "ids", "prompt_ids": [100, 200, 300, 100, 200], "max_tokens": 12}) + "\n"
+    )
+    proc = sf_trt("bench", "--prompts", str(prompts), "--lanes", "2", "--json", check=True)
+    report = json.loads(proc.stdout)
+    assert [r["id"] for r in report["results"]] == ["copy", "ids"]
+    for r in report["results"]:
+        assert r["identical"] is True
+        assert r["plain"]["tokens"] == r["spec"]["tokens"] > 0
+        assert r["plain"]["tokens_per_s"] > 0 and r["spec"]["tokens_per_s"] > 0
+
+
+def test_bad_prompt_files_are_refused(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x"}\n')
+    assert "exactly one of messages, prompt, prompt_ids" in refused("bench", "--prompts", str(bad))
+    bad.write_text("{not json\n")
+    assert "not JSON" in refused("bench", "--prompts", str(bad))
+    assert "cannot read" in refused("bench", "--prompts", str(tmp_path / "missing.jsonl"))

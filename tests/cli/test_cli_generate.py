@@ -1,0 +1,128 @@
+"""``sf-trt generate`` and the flags every command shares: runs, refusals, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def sf_trt(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", *args], capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def refused(*args: str, code: int = 1) -> str:
+    proc = sf_trt(*args)
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["generate", "--chat", "hi", "--top-p", "1.5"], "top-p in (0, 1]"),
+        (["generate", "--chat", "hi", "--temperature", "-1"], "temperature >= 0"),
+        (["generate", "--chat", "hi", "--max-tokens", "0"], "max tokens >= 1"),
+        (["generate", "--chat", "hi", "--seed", "-3"], "seed"),
+        (["generate", "--prompt-ids", "1,x"], "comma-separated token ids"),
+        (["generate"], "one of the arguments --prompt --chat --prompt-ids is required"),
+        (["bench", "--prompts", "p.jsonl", "--lanes", "0"], "lanes in 1..64"),
+    ],
+)
+def test_out_of_range_flags_exit_2_with_the_reason(args, words):
+    assert words in refused(*args, code=2)
+
+
+def test_missing_truncated_and_wrong_gguf_files_are_refused(tmp_path):
+    assert "no such file" in refused("generate", "--chat", "hi", "--gguf", str(tmp_path / "none.gguf"))
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all" * 10)
+    assert "junk.gguf" in refused("generate", "--chat", "hi", "--gguf", str(junk))
+
+
+@pytest.mark.slow
+def test_unsupported_architecture_is_refused(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    import numpy as np
+
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    line = refused("export", "--gguf", str(path))
+    assert "gpt2" in line and "llama" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["generate", "--prompt", ""], "EMPTY_PROMPT"),
+        (["generate", "--prompt-ids", "1,2,99999999"], "outside the vocabulary"),
+        (["generate", "--prompt-ids", ",".join(["5"] * 40), "--max-context", "32"], "PROMPT_TOO_LONG"),
+        (["generate", "--chat", "hi", "--backend", "onnxruntime-cuda"], "no CUDAExecutionProvider"),
+    ],
+)
+def test_bad_prompts_are_refused(args, words):
+    assert words in refused(*args)
+
+
+@pytest.mark.slow
+def test_generate_json_is_the_same_with_and_without_speculation():
+    runs = {}
+    for spec in ("none", "prompt-lookup", "suffix"):
+        proc = sf_trt("generate", "--prompt", "one two three four one two three four one two", "--max-tokens", "24",
+                      "--temperature", "0.7", "--seed", "5", "--speculate", spec, "--json", check=True)
+        runs[spec] = json.loads(proc.stdout)
+    plain = runs["none"]
+    assert set(plain) == {"tokens", "text", "finish", "prompt_tokens", "seconds", "tokens_per_s", "proposed", "accepted"}
+    for spec in (runs["prompt-lookup"], runs["suffix"]):
+        assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
+        assert spec["proposed"] > 0
+    assert plain["proposed"] == 0
+    assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--top-k", "5000"], "admit(lane=0): top_k 5000 exceeds the sampler's limit 1024 [BAD_SAMPLING_PARAMS]"),
+        (["--temperature", "1e-40"], "temperature 1e-40 is below the floor 1.52587890625e-05 (2**-16)"),
+        (["--temperature", "1e-38"], "temperature 1e-38 is below the floor"),
+    ],
+)
+def test_the_refusal_that_happened_is_the_one_reported(flags, words):
+    """Not `release(lane=0): lane not admitted`: the Generator releases only lanes it admitted."""
+    line = refused("generate", "--prompt", "Hi", *flags)
+    assert words in line, line
+
+
+def test_a_backend_fault_mid_generation_is_one_line_and_a_nonzero_exit(tmp_path, monkeypatch, capsys):
+    from sf_trt.cli import launch, main
+    from sf_trt.faults import Fault, FaultyPrimitives
+    from tiny_gguf import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("SF_TRT_CACHE", str(tmp_path / "cache"))
+    real_open = launch.open_backend
+    monkeypatch.setattr(launch, "open_backend", lambda *a, **kw: FaultyPrimitives(real_open(*a, **kw), [Fault("decode", 3)]))
+    import sf_trt.cli.generate as generate_cmd
+
+    monkeypatch.setattr(generate_cmd, "open_backend", launch.open_backend)
+    code = main(["generate", "--gguf", str(tmp_path / "tiny.gguf"), "--prompt-ids", "1,2,3", "--max-tokens", "8",
+                 "--max-draft", "1", "--speculate", "none"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "sf-trt: generation failed after 2 tokens: decode forward (lane 0): InjectedFault" in err
+    assert "Traceback" not in err

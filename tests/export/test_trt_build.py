@@ -1,0 +1,75 @@
+"""Engine builds (sf_trt.export.trt_build): refusals before TensorRT, and real builds where a GPU is."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from sf_trt.export.trt_config import BuildConfig, BuildError
+
+from sf_trt.abi import Status, StatusError
+from sf_trt.backends.tensorrt import BufferPlan, TensorRTPrimitives
+from sf_trt.formats.manifest import check_manifest, read_manifest
+from sf_trt.graphs.copy_model import build_copy_graph
+
+
+def test_without_tensorrt_the_primitives_and_the_build_refuse_clearly(tmp_path):
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("tensorrt is importable here: the refusal path is not reachable")
+    with pytest.raises(StatusError, match=r"TensorRTPrimitives: TensorRT not available: ") as err:
+        TensorRTPrimitives.open(tmp_path)
+    assert err.value.status == Status.UNSUPPORTED
+    from sf_trt.export.trt_build import build_engine
+
+    graph = tmp_path / "copy_model.onnx"
+    onnx.save(build_copy_graph(vocab=16, eos=15, max_lanes=2, max_context=8), graph)
+    with pytest.raises(BuildError, match=r"^TensorRT not available: "):
+        build_engine(graph, BuildConfig(max_rows_per_pass=8, max_lanes=2, max_context=8), tmp_path / "engines")
+    assert not (tmp_path / "engines").exists()
+
+
+def test_build_refuses_an_unsupported_graph_before_touching_tensorrt(tmp_path):
+    from sf_trt.export.trt_build import build_engine
+
+    x = h.make_tensor_value_info("x", T.INT64, ["rows"])
+    y = h.make_tensor_value_info("y", T.INT64, ["rows"])
+    bad = h.make_model(
+        h.make_graph([h.make_node("BitShift", ["x", "x"], ["y"], name="shift", direction="LEFT")], "g", [x], [y]),
+        opset_imports=[h.make_opsetid("", 17)],
+    )
+    onnx.save(bad, tmp_path / "bad.onnx")
+    with pytest.raises(BuildError, match=r"would refuse 1 node\(s\):\n  error: shift \(BitShift\)"):
+        build_engine(tmp_path / "bad.onnx", BuildConfig(), tmp_path / "engines")
+
+
+def _need_tensorrt_and_gpu():
+    if importlib.util.find_spec("tensorrt") is None:
+        pytest.skip("TensorRT is not installed (pip install tensorrt from NVIDIA's index, on a GPU machine)")
+    from sf_trt.backends.tensorrt import TensorRTUnavailable
+    from sf_trt.backends.tensorrt.probes import device_info
+
+    try:
+        device_info()
+    except TensorRTUnavailable as exc:
+        pytest.skip(f"no usable CUDA GPU: {exc}")
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_build_writes_an_engine_its_manifest_accepts(tmp_path):
+    _need_tensorrt_and_gpu()
+    import tensorrt as trt
+    from sf_trt.export.trt_build import build_engine
+
+    from sf_trt.backends.tensorrt.probes import device_info
+
+    graph = tmp_path / "copy_model.onnx"
+    onnx.save(build_copy_graph(vocab=64, eos=63, max_lanes=4, max_context=64), graph)
+    cfg = BuildConfig(precision="fp16", max_rows_per_pass=32, max_lanes=4, max_context=64, timing_cache=str(tmp_path / "timing.cache"))
+    entry = build_engine(graph, cfg, tmp_path / "engines", log=lambda s: None)
+    assert read_manifest(tmp_path / "engines")["copy_model"] == entry
+    check_manifest(entry, trt.__version__, device_info()[0], engine_path=tmp_path / "engines" / entry.engine_file)
+    assert (tmp_path / "timing.cache").stat().st_size > 0
+    assert BufferPlan.from_manifest(entry) == BufferPlan.from_onnx(graph, cfg, name="copy_model")

@@ -1,0 +1,387 @@
+"""The verify-and-sample graph (sf_trt.graphs.verify): semantics, variants, the hash, against the numpy reference."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sf_trt.export.trt_support import check_graph, errors_in
+
+from sf_trt.graphs import verify as V
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+BITWISE = {"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
+
+
+VOCABS = (5, 37, 64, 300)  # 64: no padding; the others padded to a multiple of 16
+
+
+TOPK_LIMIT = 16
+
+
+VARIANTS = ((True, True), (False, True), (True, False), (False, False))  # (top_k, top_p)
+
+
+fast = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@functools.lru_cache(maxsize=None)
+def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False):
+    if greedy:
+        model = V.build_greedy_graph(vocab)
+    else:
+        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, debug=debug)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run(feeds, vocab, **kw):
+    """(tokens, match[, u, keep, lo]) of the graph on ``feeds``."""
+    return session(vocab, **kw).run(None, feeds)
+
+
+def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool = False, gumbel_share: float = 0.7):
+    if ties:  # small integers: exact ties everywhere
+        logits = rng.integers(-3, 3, (rows, vocab)).astype(np.float32)
+    else:
+        logits = (rng.normal(0, rng.uniform(0.5, 4), (rows, vocab))).astype(np.float32)
+    return {
+        "logits": logits,
+        "mode": (rng.random(rows) < gumbel_share).astype(np.int64),
+        "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
+        "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
+        "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
+        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
+        "position": rng.integers(0, 2**31, rows, dtype=np.int64),
+        "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
+    }
+
+
+def take(feeds, idx):
+    return {k: np.ascontiguousarray(v[idx]) for k, v in feeds.items()}
+
+
+def gumbel_rows(rows: int, vocab: int, logits, *, temperature=1.0, top_p=1.0, top_k=0, key0=0):
+    """Rows that all draw from the same logits under different (key, position) pairs."""
+    i = np.arange(rows, dtype=np.int64)
+    return {
+        "logits": np.broadcast_to(np.asarray(logits, np.float32), (rows, vocab)).copy(),
+        "mode": np.ones(rows, np.int64),
+        "temperature": np.full(rows, temperature, np.float32),
+        "top_p": np.full(rows, top_p, np.float32),
+        "top_k": np.full(rows, top_k, np.int64),
+        "rng_key": key0 + i // 64,
+        "position": (i % 64) * 3 + 1,
+        "draft": np.full(rows, -1, np.int64),
+    }
+
+
+seeds = st.integers(0, 2**32 - 1)
+
+
+def ops_md_verify_ops() -> set[str]:
+    text = (ROOT / "export" / "OPS.md").read_text()
+    section = text.split("\n## verify", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([A-Za-z]+)` \|", section, flags=re.M))
+
+
+def all_graphs():
+    for vocab in (37, 64):
+        yield f"greedy V={vocab}", V.build_greedy_graph(vocab)
+        for top_k, top_p in VARIANTS:
+            for debug in (False, True):
+                yield f"V={vocab} top_k={top_k} top_p={top_p} debug={debug}", V.build_verify_graph(
+                    vocab, TOPK_LIMIT, top_k=top_k, top_p=top_p, debug=debug
+                )
+
+
+def test_every_graph_checks_and_uses_only_the_ops_in_ops_md():
+    listed = ops_md_verify_ops()
+    assert {"ArgMax", "TopK", "Mod", "Log"} <= listed and not listed & BITWISE
+    for name, model in all_graphs():
+        onnx.checker.check_model(model, full_check=True)
+        used = {n.op_type for n in model.graph.node}
+        assert used <= listed, f"{name}: ops not in OPS.md: {sorted(used - listed)}"
+        assert not used & BITWISE, name
+        assert all(n.domain in ("", "ai.onnx") for n in model.graph.node), name
+        assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)], name
+        assert errors_in(check_graph(model)) == [], (name, [str(f) for f in check_graph(model)])
+
+
+def test_io_names_dims_and_dtypes():
+    model = V.build_verify_graph(37, TOPK_LIMIT)
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    assert list(dims) == list(V.INPUTS) and [o.name for o in model.graph.output] == list(V.OUTPUTS)
+    assert dims["logits"] == [V.ROWS, 37] and all(dims[n] == [V.ROWS] for n in V.SAMPLE_INPUTS)
+    types = {i.name: i.type.tensor_type.elem_type for i in list(model.graph.input) + list(model.graph.output)}
+    T = onnx.TensorProto
+    assert types == {
+        "logits": T.FLOAT, "mode": T.INT64, "temperature": T.FLOAT, "top_p": T.FLOAT, "top_k": T.INT64,
+        "rng_key": T.INT64, "position": T.INT64, "draft": T.INT64, "tokens": T.INT64, "match": T.BOOL,
+    }
+    greedy = V.build_greedy_graph(37)
+    assert [i.name for i in greedy.graph.input] == list(V.INPUTS) and [o.name for o in greedy.graph.output] == list(V.OUTPUTS)
+
+
+def test_topk_is_static_sorted_largest_and_below_3840():
+    for vocab, limit, k in ((37, 16, 16), (37, 1024, 37), (5000, 3839, 3839)):
+        model = V.build_verify_graph(vocab, limit)
+        inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+        (topk,) = [n for n in model.graph.node if n.op_type == "TopK"]
+        attrs = {a.name: a.i for a in topk.attribute}
+        assert attrs == {"axis": 1, "largest": 1, "sorted": 1}
+        assert inits[topk.input[1]].tolist() == [k] and k < 3840
+    for bad in (3840, 5000):
+        with pytest.raises(ValueError, match="3840"):
+            V.build_verify_graph(5000, bad)
+    with pytest.raises(ValueError):
+        V.build_verify_graph(37, 0)
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS))
+def test_greedy_is_argmax_lowest_id_on_ties_and_both_graphs_agree_bit_for_bit(seed, vocab):
+    rng = np.random.default_rng(seed)
+    feeds = random_feeds(rng, 12, vocab, ties=True, gumbel_share=0.5)
+    tokens = run(feeds, vocab)[0]
+    want = np.argmax(feeds["logits"], axis=1)  # numpy: the first (lowest) index of the max
+    first_max = np.array([np.flatnonzero(r == r.max())[0] for r in feeds["logits"]])
+    np.testing.assert_array_equal(want, first_max)
+    greedy_rows = feeds["mode"] == V.GREEDY
+    np.testing.assert_array_equal(tokens[greedy_rows], want[greedy_rows])
+    g_tokens, g_match = run(feeds, vocab, greedy=True)
+    np.testing.assert_array_equal(g_tokens, want)  # the greedy graph treats every row as greedy
+    np.testing.assert_array_equal(g_tokens[greedy_rows], tokens[greedy_rows])
+    np.testing.assert_array_equal(g_match, g_tokens == feeds["draft"])
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS), st.integers(1, 9))
+def test_a_rows_draw_depends_on_nothing_but_the_row(seed, vocab, others):
+    rng = np.random.default_rng(seed)
+    feeds = random_feeds(rng, others + 1, vocab)
+    first = run(feeds, vocab)
+    again = run(feeds, vocab)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    # each row alone, and inside a shuffled batch of other random rows
+    for r in range(others + 1):
+        alone = run(take(feeds, [r]), vocab)
+        for a, b in zip(alone, first):
+            np.testing.assert_array_equal(a[0], b[r])
+    perm = rng.permutation(others + 1)
+    shuffled = run(take(feeds, perm), vocab)
+    for a, b in zip(shuffled, first):
+        np.testing.assert_array_equal(a, b[perm])
+    # a row among other rows of a fresh batch, at another index
+    extra = random_feeds(rng, 5, vocab)
+    mixed = {k: np.concatenate([extra[k][:3], feeds[k][:1], extra[k][3:]]) for k in feeds}
+    inside = run(mixed, vocab)
+    for a, b in zip(inside, first):
+        np.testing.assert_array_equal(a[3], b[0])
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS))
+def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows_they_cover(seed, vocab):
+    rng = np.random.default_rng(seed)
+    feeds = random_feeds(rng, 10, vocab)
+    full = run(feeds, vocab)
+    for top_k, top_p in VARIANTS[1:]:
+        covered = np.ones(10, bool)
+        if not top_k:
+            covered &= feeds["top_k"] <= 0
+        if not top_p:
+            covered &= feeds["top_p"] >= 1
+        out = run(feeds, vocab, top_k=top_k, top_p=top_p)
+        np.testing.assert_array_equal(out[0][covered], full[0][covered])  # tokens
+        np.testing.assert_array_equal(out[2], full[2])  # u: the same on every row
+        np.testing.assert_array_equal(out[3][covered], full[3][covered])  # candidate sets
+
+
+def _agreement(feeds, vocab):
+    tokens, match, u, keep, lo = run(feeds, vocab)
+    ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, details=True)
+    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_key"], feeds["position"], vocab))  # bit-exact
+    np.testing.assert_array_equal(ref_match, ref == feeds["draft"])
+    gumbel = feeds["mode"] == V.GUMBEL
+    # a row may differ only where float32 vs float64 rounding can flip it: a near-tie of
+    # the two best scores, or top_p within rounding of a cumulative mass / of the threshold
+    fragile = gumbel & ((d["score_gap"] < 1e-4) | (d["mass_gap"] < 1e-4) | (d["lo_gap"] < 1e-4))
+    robust = ~fragile
+    np.testing.assert_array_equal(tokens[robust], ref[robust])
+    np.testing.assert_array_equal(keep[robust][:, :vocab], d["keep"][robust])
+    assert (tokens >= 0).all() and (tokens < vocab).all()  # the -inf padding never wins
+    return tokens == ref
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS))
+def test_tokens_equal_the_numpy_reference(seed, vocab):
+    _agreement(random_feeds(np.random.default_rng(seed), 16, vocab), vocab)
+
+
+def test_tokens_equal_the_numpy_reference_on_at_least_99_9_percent_of_4000_rows():
+    rng = np.random.default_rng(20240611)
+    same = np.concatenate([_agreement(random_feeds(rng, 1000, vocab, gumbel_share=1.0), vocab) for vocab in VOCABS])
+    assert same.mean() >= 0.999, same.mean()
+
+
+CHI2_999 = {7: 24.32, 15: 37.70}  # chi-square 0.999 quantiles by degrees of freedom
+
+
+def _frequencies(feeds, vocab):
+    tokens = run(feeds, vocab)[0]
+    return np.bincount(tokens, minlength=vocab) / tokens.size, tokens
+
+
+def softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_gumbel_frequencies_match_the_softmax(temperature):
+    logits = np.array([1.5, 0.2, -0.4, 0.9, 0.0, -1.2, 0.6, 0.3], np.float32)
+    n = 40000
+    freq, _ = _frequencies(gumbel_rows(n, 8, logits, temperature=temperature), 8)
+    p = softmax(logits.astype(np.float64) / temperature)
+    chi2 = n * np.sum((freq - p) ** 2 / p)
+    assert chi2 < CHI2_999[7], (chi2, freq, p)
+    assert 0.5 * np.abs(freq - p).sum() < 0.01
+
+
+def test_top_k_and_top_p_restrict_the_candidates():
+    logits = np.array([0.3, 2.0, 1.1, -0.5, 1.7, 0.0, 0.9, -2.0], np.float32)
+    n = 8000
+    # top_k=1 is the argmax
+    _, tokens = _frequencies(gumbel_rows(n, 8, logits, top_k=1), 8)
+    assert set(tokens.tolist()) == {1}
+    # top_k=3: only the three largest, each at its renormalized rate
+    freq, tokens = _frequencies(gumbel_rows(n, 8, logits, top_k=3, temperature=0.8), 8)
+    assert set(tokens.tolist()) == {1, 4, 2}
+    p3 = softmax(logits[[1, 4, 2]].astype(np.float64) / 0.8)
+    assert np.abs(freq[[1, 4, 2]] - p3).max() < 0.03
+    # top_p=0.5 where the top token holds 0.6: always it
+    probs = np.array([0.6, 0.2, 0.1, 0.05, 0.03, 0.01, 0.005, 0.005])
+    lp = np.log(probs).astype(np.float32)
+    _, tokens = _frequencies(gumbel_rows(n, 8, lp, top_p=0.5), 8)
+    assert set(tokens.tolist()) == {0}
+    # top_p=0.7: the nucleus is {0, 1} (0.6 < 0.7 <= 0.8), drawn 0.75 / 0.25
+    freq, tokens = _frequencies(gumbel_rows(n, 8, lp, top_p=0.7), 8)
+    assert set(tokens.tolist()) == {0, 1}
+    assert abs(freq[0] - 0.75) < 0.03
+    # top_p=1 keeps every token, even one of probability 0.005
+    freq, _ = _frequencies(gumbel_rows(40000, 8, lp, top_p=1.0), 8)
+    assert (freq > 0).all() and abs(freq[7] - 0.005) < 0.003
+    # the argmax is always kept, however small top_p; -inf logits (a masked vocabulary) change nothing
+    _, tokens = _frequencies(gumbel_rows(n, 8, lp, top_p=1e-6), 8)
+    assert set(tokens.tolist()) == {0}
+    masked = np.concatenate([lp[:5], np.full(3, -np.inf, np.float32)])
+    _, tokens = _frequencies(gumbel_rows(n, 8, masked, top_p=0.5), 8)
+    assert set(tokens.tolist()) == {0}
+    freq, tokens = _frequencies(gumbel_rows(n, 8, masked), 8)
+    assert set(tokens.tolist()) == {0, 1, 2, 3, 4}
+    # top-p applies to the top-k-filtered distribution: top_k=2 renormalizes {0: .75, 1: .25}, top_p=0.7 -> {0}
+    _, tokens = _frequencies(gumbel_rows(n, 8, lp, top_k=2, top_p=0.7), 8)
+    assert set(tokens.tolist()) == {0}
+
+
+def test_ties_at_the_top_k_threshold_are_kept():
+    logits = np.array([2.0, 1.0, 1.0, 1.0, 0.0, -1.0, -1.0, 3.0], np.float32)
+    _, tokens = _frequencies(gumbel_rows(4000, 8, logits, top_k=2), 8)
+    assert set(tokens.tolist()) == {7, 0}
+    _, tokens = _frequencies(gumbel_rows(8000, 8, logits, top_k=3), 8)
+    assert set(tokens.tolist()) == {7, 0, 1, 2, 3}  # the third value 1.0 is shared by three tokens
+
+
+def test_u_is_uniform_and_uncorrelated_across_tokens_positions_and_keys():
+    vocab, rows = 4096, 8
+    feeds = gumbel_rows(rows, vocab, np.zeros(vocab))
+    feeds["rng_key"] = np.array([0, 0, 1, 2, 2**40, 2**40 + 1, 2**63 - 2, 2**63 - 1], np.int64)
+    feeds["position"] = np.array([0, 1, 1, 1, 7, 7, 2**31 - 2, 2**31 - 2], np.int64)
+    u = run(feeds, vocab)[2][:, :vocab].astype(np.float64)
+    assert u.min() > 0 and u.max() < 1
+    for row in u:
+        for lag in (1, 2, 3, 16):
+            assert abs(np.corrcoef(row[:-lag], row[lag:])[0, 1]) < 0.05, lag
+        counts = np.bincount((row * 16).astype(int), minlength=16)
+        expected = vocab / 16
+        assert np.sum((counts - expected) ** 2 / expected) < CHI2_999[15]
+    for a, b in ((0, 1), (1, 2), (2, 3), (4, 5), (6, 7)):  # neighbouring positions / keys
+        assert abs(np.corrcoef(u[a], u[b])[0, 1]) < 0.05, (a, b)
+    # the low hash bits are not affine in the token id: differences of neighbours are not constant
+    h = np.rint(u * 2**V.U_BITS - 0.5).astype(np.int64)
+    assert np.unique(np.diff(h[0])).size > vocab // 2
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS))
+def test_match_is_tokens_equal_draft_and_minus_one_never_matches(seed, vocab):
+    rng = np.random.default_rng(seed)
+    feeds = random_feeds(rng, 12, vocab)
+    tokens = run(feeds, vocab)[0]
+    feeds["draft"] = np.where(rng.random(12) < 0.5, tokens, feeds["draft"])  # many hits
+    feeds["draft"][:3] = -1
+    feeds["draft"][3] = tokens[3]  # at least one (the coin flips above miss all 9 rows 1 time in 512)
+    for greedy in (False, True):
+        t, match = run(feeds, vocab, greedy=greedy)[:2]
+        assert match.dtype == np.bool_
+        np.testing.assert_array_equal(match, t == feeds["draft"])
+        assert not match[:3].any()
+    assert run(feeds, vocab)[1][3:].any()
+
+
+def test_the_hash_never_leaves_int64():
+    lo, hi, max_product = V.hash_bounds()  # every key >= 0, every int64 position, tokens < 2**30
+    assert -(2**63) <= lo and hi < 2**63 and max_product < 2**62
+    keys = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**62 + 12345, 2**63 - 1]
+    positions = [0, 1, 2**30, 2**31 - 2, 2**31 - 1]
+    vocab = 49152
+    tokens = [0, 1, vocab - 1, V.padded_vocab(vocab) - 1, 2**30 - 1]
+    for key in keys:
+        for pos in positions:
+            for tok in tokens:
+                h, seen = V.hash_intermediates(key, pos, tok)
+                assert all(-(2**63) <= v < 2**63 for v in seen), (key, pos, tok, max(seen))
+                assert 0 <= h < 2**V.U_BITS
+    # the graph, the numpy hash and the Python-int hash agree at the extremes
+    k = np.array([k for k in keys for _ in positions], np.int64)
+    p = np.array(positions * len(keys), np.int64)
+    feeds = gumbel_rows(k.size, 37, np.zeros(37))
+    feeds["rng_key"], feeds["position"] = k, p
+    u = run(feeds, 37)[2][:, :37]
+    np.testing.assert_array_equal(u, V.hash_u(k, p, 37))
+    for r in range(k.size):
+        for tok in (0, 36):
+            h, _ = V.hash_intermediates(int(k[r]), int(p[r]), tok)
+            assert u[r, tok] == (h + 0.5) * 2.0**-V.U_BITS
+    # different keys that agree modulo 2**30 or P still draw different noise
+    feeds["rng_key"] = np.array([5, 5 + 2**30, 5 + 2**60, 5 + V.HASH_P], np.int64)
+    feeds["position"] = np.zeros(4, np.int64)
+    u = V.hash_u(feeds["rng_key"], feeds["position"], 64)
+    assert len({row.tobytes() for row in u}) == 4
+
+
+def test_optimization_level_and_threads_change_no_bit():
+    vocab = 300
+    model = V.build_verify_graph(vocab, TOPK_LIMIT, debug=True).SerializeToString()
+    feeds = random_feeds(np.random.default_rng(11), 40, vocab)
+    outs = []
+    for threads, level in ((1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL), (1, ort.GraphOptimizationLevel.ORT_ENABLE_ALL), (2, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.graph_optimization_level = threads, level
+        outs.append(ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"]).run(None, feeds))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
