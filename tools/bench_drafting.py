@@ -285,7 +285,7 @@ def replay(path: Path, lanes_list: list[int], configs: dict[str, Any]) -> dict:
 
 def stdlib_tokens(n: int) -> list[int]:
     """At least ``n`` tokens of standard-library source, through the model's tokenizer."""
-    from sf_trt.models import default_model_dir
+    from sf_trt.export.pipeline import default_model_dir
     from sf_trt.tokenizer import Tokenizer
 
     tok = Tokenizer.load(default_model_dir(progress=False, weight_dtype="int8"))
@@ -517,13 +517,14 @@ def main(argv=None) -> int:
         return 0
 
     from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.export.pipeline import default_model_dir
     from sf_trt.generate import Generator
-    from sf_trt.models import default_model_dir
+    from sf_trt.tokenizer import Tokenizer
 
     load_before = os.getloadavg()
-    prims = OrtDecoderPrimitives(default_model_dir(progress=True, weight_dtype="int8"), max_lanes=max(args.lanes),
-                                 max_context=1024, threads=args.threads)
-    tok = prims.tokenizer
+    model_dir = default_model_dir(progress=True, weight_dtype="int8")
+    prims = OrtDecoderPrimitives(model_dir, max_lanes=max(args.lanes), max_context=1024, threads=args.threads)
+    tok = Tokenizer.load(model_dir)
     gen = Generator(prims, tick_tokens=TICK_TOKENS)
 
     def encode(messages: list[dict]) -> list[int]:

@@ -230,11 +230,6 @@ class SuffixAutomaton:
             state = self._link[state]
         return state, self.window
 
-    def shorter(self, state: int) -> tuple[int, int]:
-        """The cursor of the next shorter context class: the suffix link's longest string."""
-        state = self._link[state]
-        return (state, self._len[state]) if state > 0 else (0, 0)
-
     def count(self, state: int) -> int:
         return self._count[state]
 

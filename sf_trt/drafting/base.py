@@ -62,19 +62,22 @@ def check_draft_config(owner: str, max_draft: int, max_backoff: int) -> None:
 class DraftCap:
     """A lane's draft length, adapted to measured acceptance.
 
-    With ``adaptive``: after a rejection the next cap is ``accepted + 1``; after a
-    fully accepted draft it doubles (up to ``max_draft``); after drafts rejected
-    outright the lane skips drafting for 1, 2, 4 .. ``max_backoff`` steps, until a
-    draft is taken again. A lane whose text does not repeat stops paying for
-    verify rows it never uses.
+    With ``adaptive``: after a rejection the next cap is ``accepted + 1`` (with
+    ``gentle``: half the cap, not below that); after a fully accepted draft it
+    doubles (up to ``max_draft``); after drafts rejected outright the lane skips
+    drafting for 1, 2, 4 .. ``max_backoff`` steps, until a draft is taken again. A
+    lane whose text does not repeat stops paying for verify rows it never uses.
+    ``gentle`` suits drafters whose drafts carry their own odds (suffix): those
+    already end where a continuation becomes unlikely.
     """
 
-    __slots__ = ("max_draft", "adaptive", "max_backoff", "cap", "_misses", "_cooldown")
+    __slots__ = ("max_draft", "adaptive", "max_backoff", "gentle", "cap", "_misses", "_cooldown")
 
-    def __init__(self, max_draft: int, adaptive: bool = True, max_backoff: int = 4) -> None:
+    def __init__(self, max_draft: int, adaptive: bool = True, max_backoff: int = 4, gentle: bool = False) -> None:
         self.max_draft = max_draft
         self.adaptive = adaptive
         self.max_backoff = max_backoff
+        self.gentle = gentle
         self.cap = max_draft
         self._misses = 0  # drafts in a row rejected outright
         self._cooldown = 0  # steps left without drafting
@@ -92,7 +95,7 @@ class DraftCap:
         if accepted >= proposed:
             self.cap = min(self.max_draft, max(1, self.cap) * 2)
         else:
-            self.cap = max(1, accepted + 1)
+            self.cap = max(accepted + 1, self.cap // 2 if self.gentle else 1)
         if accepted == 0:
             self._misses += 1
             self._cooldown = min(self.max_backoff, 1 << min(self._misses - 1, 16))

@@ -53,11 +53,11 @@ class SuffixConfig:
     ``min_match``: the shortest match worth drafting from.
     ``match_factor``: a draft is at most ``match_factor x`` the match's length.
     ``min_prob``: a draft stops where the estimated odds that all of it is taken
-    fall below this.
-    ``shorter_contexts``: per source, also continue this many shorter contexts
-    than the longest match (they have seen more occurrences).
+    fall below this: about what a verify row costs, in passes (0.15 to 0.45 on
+    a 2-core CPU, from 1 to 8 lanes; near 0 on a GPU, where a lower value pays).
     ``adaptive``/``max_backoff``: adapt the draft length to measured acceptance
-    (:class:`~sf_trt.drafting.base.DraftCap`).
+    (:class:`~sf_trt.drafting.base.DraftCap`, gently: a rejection halves the cap).
+    Defaults from replays of real token streams (``tools/bench_drafting.py``).
     ``corpus_tokens``/``corpus_requests``: per scope, the most tokens and
     requests kept; ``corpus_generations``: automata a scope's corpus is split into
     (eviction drops the oldest); ``corpus_scopes``: scopes kept.
@@ -66,11 +66,10 @@ class SuffixConfig:
     max_draft: int = 16
     max_match: int = 32
     min_match: int = 1
-    match_factor: float = 2.0
-    min_prob: float = 0.1
-    shorter_contexts: int = 0
+    match_factor: float = 1.0
+    min_prob: float = 0.3
     adaptive: bool = True
-    max_backoff: int = 4
+    max_backoff: int = 0
     corpus_tokens: int = 1 << 20
     corpus_requests: int = 4096
     corpus_generations: int = 4
@@ -83,7 +82,6 @@ class SuffixConfig:
         check_draft_config("SuffixConfig", self.max_draft, self.max_backoff)
         ints = {
             "max_match": (1, 256), "min_match": (1, self.max_match if isinstance(self.max_match, int) else 256),
-            "shorter_contexts": (0, 256),
             "corpus_tokens": (0, 1 << 30), "corpus_requests": (0, 1 << 30),
             "corpus_generations": (1, 64), "corpus_scopes": (1, 1 << 16),
         }
@@ -218,7 +216,7 @@ class SuffixDrafter:
         self._own = SuffixAutomaton(cfg.max_match)
         # gen_id -> [state, matched, version]: the longest suffix of the history in that generation.
         self._cursors: dict[int, list[int]] = {}
-        self._cap = DraftCap(cfg.max_draft, cfg.adaptive, cfg.max_backoff)
+        self._cap = DraftCap(cfg.max_draft, cfg.adaptive, cfg.max_backoff, gentle=True)
         if self._corpus is not None:
             self._corpus.touch(scope)
         self.extend(history)
@@ -279,15 +277,12 @@ class SuffixDrafter:
         for matched, sam, state, own in sources:
             if matched < cfg.min_match:
                 break
-            for _ in range(cfg.shorter_contexts + 1):
-                limit = min(max_len, max(1, int(cfg.match_factor * matched)))
-                if limit * sam.first_odds(state, skip_last=own) > best_score:  # else it cannot beat the best
-                    draft, score = sam.continue_from(state, matched, limit, cfg.min_prob, skip_last=own)
-                    if score > best_score:
-                        best, best_score = draft, score
-                state, matched = sam.shorter(state)
-                if matched < cfg.min_match:
-                    break
+            limit = min(max_len, max(1, int(cfg.match_factor * matched)))
+            if limit * sam.first_odds(state, skip_last=own) <= best_score:
+                continue  # cannot beat the best so far: a draft's score is at most limit x its first odds
+            draft, score = sam.continue_from(state, matched, limit, cfg.min_prob, skip_last=own)
+            if score > best_score:
+                best, best_score = draft, score
         return best
 
     def observe(self, proposed: int, accepted: int) -> None:
