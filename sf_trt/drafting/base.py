@@ -101,3 +101,22 @@ class DraftCap:
             self._cooldown = min(self.max_backoff, 1 << min(self._misses - 1, 16))
         else:
             self._misses = 0
+
+
+class DrafterBase:
+    """What drafters share: the tokens they were extended with (``_history``) and
+    the :class:`DraftCap` that adapts their draft length (``_cap``)."""
+
+    __slots__ = ("_history", "_cap")
+
+    @property
+    def history_len(self) -> int:
+        return len(self._history)
+
+    @property
+    def draft_cap(self) -> int:
+        return self._cap.cap
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """Adapt the draft cap to how much of the last draft was taken."""
+        self._cap.observe(proposed, accepted)

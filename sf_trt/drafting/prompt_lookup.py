@@ -17,7 +17,7 @@ import dataclasses
 from typing import Iterable
 
 from ..abi import Status, StatusError
-from .base import DraftCap, check_draft_config
+from .base import DraftCap, DrafterBase, check_draft_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +45,10 @@ class PromptLookupConfig:
         check_draft_config("PromptLookupConfig", self.max_draft, self.max_backoff)
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(DrafterBase):
     """An incremental n-gram index over one lane's history (prompt and output)."""
 
-    __slots__ = ("_cfg", "_history", "_latest_end", "_cap")
+    __slots__ = ("_cfg", "_latest_end")
 
     def __init__(self, cfg: PromptLookupConfig, history: Iterable[int] = ()) -> None:
         self._cfg = cfg
@@ -57,14 +57,6 @@ class PromptLookupDrafter:
         self._latest_end: list[dict[tuple[int, ...], int]] = [{} for _ in range(cfg.ngram_min, cfg.ngram_max + 1)]
         self._cap = DraftCap(cfg.max_draft, cfg.adaptive, cfg.max_backoff)
         self.extend(history)
-
-    @property
-    def history_len(self) -> int:
-        return len(self._history)
-
-    @property
-    def draft_cap(self) -> int:
-        return self._cap.cap
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append tokens to the history, indexing the n-grams that become 'earlier'."""
@@ -99,10 +91,6 @@ class PromptLookupDrafter:
             if end is not None:
                 return h[end + 1 : end + 1 + max_len]
         return []
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        """Adapt the lane's draft cap to how much of its last draft was taken."""
-        self._cap.observe(proposed, accepted)
 
     def retire(self) -> None:
         """Nothing outlives a prompt-lookup lane."""

@@ -37,7 +37,7 @@ from typing import Iterable, Optional
 
 from ..abi import Status, StatusError
 from .automaton import SEP, SuffixAutomaton
-from .base import DraftCap, check_draft_config
+from .base import DraftCap, DrafterBase, check_draft_config
 
 DEFAULT_SCOPE = ""
 """The scope of lanes that name none: requests of one local user share a corpus."""
@@ -197,10 +197,10 @@ class SuffixCorpus:
                     raise AssertionError(f"{where}: generation {g.gen_id} holds {g.automaton.positions} positions, not {g.tokens} tokens + {g.requests} separators")
 
 
-class SuffixDrafter:
+class SuffixDrafter(DrafterBase):
     """One lane's suffix drafter: its own automaton, and cursors into its scope's corpus."""
 
-    __slots__ = ("_cfg", "_corpus", "_scope", "_history", "_own", "_cursors", "_cap")
+    __slots__ = ("_cfg", "_corpus", "_scope", "_own", "_cursors")
 
     def __init__(
         self,
@@ -220,14 +220,6 @@ class SuffixDrafter:
         if self._corpus is not None:
             self._corpus.touch(scope)
         self.extend(history)
-
-    @property
-    def history_len(self) -> int:
-        return len(self._history)
-
-    @property
-    def draft_cap(self) -> int:
-        return self._cap.cap
 
     def _generations(self) -> list[Generation]:
         return self._corpus.generations(self._scope) if self._corpus is not None else []
@@ -284,9 +276,6 @@ class SuffixDrafter:
             if score > best_score:
                 best, best_score = draft, score
         return best
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        self._cap.observe(proposed, accepted)
 
     def retire(self) -> None:
         """Give the lane's prompt and output to its scope's corpus (once)."""
