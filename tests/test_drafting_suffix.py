@@ -166,7 +166,7 @@ def drafting_work(history_len: int, corpus_len: int, steps: int = 1500) -> tuple
     proposed (plus one per proposal), over a decode-like loop: append a token,
     propose up to 16."""
     rng = random.Random(7)
-    cfg = SuffixConfig()
+    cfg = SuffixConfig(corpus_tokens=1 << 20)
     corpus = SuffixCorpus(cfg)
     text = text_like(rng, corpus_len + history_len + steps)
     for lo in range(0, corpus_len, 1000):
@@ -192,7 +192,7 @@ def drafting_work(history_len: int, corpus_len: int, steps: int = 1500) -> tuple
 def test_drafting_work_per_token_does_not_grow_with_the_history_or_the_corpus():
     """O(window) per token appended to the own automaton plus a cursor step per
     corpus generation (at most corpus_generations + 1), O(k) per k tokens proposed."""
-    cfg = SuffixConfig()
+    cfg = SuffixConfig(corpus_tokens=1 << 20)
     small = drafting_work(1_000, 1_000)
     large = drafting_work(32_768, 300_000)
     bound = 2 * (cfg.max_match + 2) + 4 + (cfg.corpus_generations + 1) * 4

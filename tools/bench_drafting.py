@@ -303,7 +303,7 @@ def cost(rounds: int = 5, steps: int = 1000) -> dict:
 
     corpus_big, history_big = 1 << 20, 32 << 10
     text = stdlib_tokens(corpus_big + history_big + 2 * (1024 + 1024) + 2 * rounds * steps)
-    cfg = SuffixConfig()
+    cfg = SuffixConfig(corpus_tokens=corpus_big)
     setups = {}
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     at = 0

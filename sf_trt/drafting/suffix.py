@@ -59,8 +59,9 @@ class SuffixConfig:
     (:class:`~sf_trt.drafting.base.DraftCap`, gently: a rejection halves the cap).
     Defaults from replays of real token streams (``tools/bench_drafting.py``).
     ``corpus_tokens``/``corpus_requests``: per scope, the most tokens and
-    requests kept; ``corpus_generations``: automata a scope's corpus is split into
-    (eviction drops the oldest); ``corpus_scopes``: scopes kept.
+    requests kept (about 130 bytes a token: 256k tokens, 34 MB); ``corpus_generations``:
+    automata a scope's corpus is split into (eviction drops the oldest);
+    ``corpus_scopes``: scopes kept (so at most ``corpus_scopes x corpus_tokens`` tokens).
     """
 
     max_draft: int = 16
@@ -70,8 +71,8 @@ class SuffixConfig:
     min_prob: float = 0.3
     adaptive: bool = True
     max_backoff: int = 0
-    corpus_tokens: int = 1 << 20
-    corpus_requests: int = 4096
+    corpus_tokens: int = 1 << 18
+    corpus_requests: int = 2048
     corpus_generations: int = 4
     corpus_scopes: int = 16
 
