@@ -62,7 +62,7 @@ def test_the_draft_stops_where_its_odds_fall_below_min_prob():
     assert len(SuffixDrafter(loose, [1, 2], corpus).propose(8)) == 1, "then the sequence ended"
 
 
-def test_the_longer_match_wins_over_the_own_text_when_it_is_likelier():
+def test_the_longest_match_wins_whichever_text_it_is_in():
     corpus = SuffixCorpus(CFG)
     corpus.add("", [20, 21, 22, 23, 24, 25, 26, 27, 28])
     d = SuffixDrafter(CFG, [22, 30, 20, 21, 22], corpus)  # own text: [22] -> 30; corpus: [20, 21, 22] -> 23 ..

@@ -297,13 +297,13 @@ def stdlib_tokens(n: int) -> list[int]:
     return ids
 
 
-def cost(rounds: int = 5, steps: int = 1000) -> dict:
+def cost(cfg: SuffixConfig, rounds: int = 5, steps: int = 1000) -> dict:
     import resource
     import tracemalloc
 
     corpus_big, history_big = 1 << 20, 32 << 10
     text = stdlib_tokens(corpus_big + history_big + 2 * (1024 + 1024) + 2 * rounds * steps)
-    cfg = SuffixConfig(corpus_tokens=corpus_big)
+    cfg = dataclasses.replace(cfg, corpus_tokens=corpus_big)
     setups = {}
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     at = 0
@@ -320,7 +320,7 @@ def cost(rounds: int = 5, steps: int = 1000) -> dict:
         setups[label] = {
             "suffix": SuffixDrafter(cfg, history, corpus), "prompt_lookup": PromptLookupDrafter(PromptLookupConfig(), history),
             "corpus_tokens": corpus_len, "history": history_len, "build_us_per_token": 1e6 * build / corpus_len,
-            "generations": len(corpus.generations("")),
+            "generations": len(corpus.generations("")), "corpus": corpus,
         }
         setups[label]["own_build_us_per_token"] = 1e6 * (time.perf_counter() - t0) / history_len
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
@@ -332,16 +332,22 @@ def cost(rounds: int = 5, steps: int = 1000) -> dict:
     tracemalloc.stop()
     stream = text[at:]
     spent = {(label, kind): [0.0, 0, 0] for label in setups for kind in ("suffix", "prompt_lookup")}
+    work = {label: [0, 0] for label in setups}  # automaton states visited, tokens
     for r in range(rounds):  # interleaved: every setup and kind in every round
         for label, setup in setups.items():
             for kind in ("suffix", "prompt_lookup"):
                 d = setup[kind]
                 chunk = stream[(2 * r) * steps : (2 * r + 1) * steps] if kind == "suffix" else stream[(2 * r + 1) * steps : (2 * r + 2) * steps]
                 drafted = 0
+                automata = [d._own] + [g.automaton for g in setup["corpus"].generations("")] if kind == "suffix" else []
+                work_before = sum(a.work for a in automata)
                 t0 = time.perf_counter()
                 for tok in chunk:
                     d.extend((tok,))
                     drafted += len(d.propose(16))
+                if kind == "suffix":
+                    work[label][0] += sum(a.work for a in automata) - work_before
+                    work[label][1] += len(chunk)
                 acc = spent[(label, kind)]
                 acc[0] += time.perf_counter() - t0
                 acc[1] += len(chunk)
@@ -351,22 +357,27 @@ def cost(rounds: int = 5, steps: int = 1000) -> dict:
         setup = setups[label]
         rows.append({"setup": label, "kind": kind, "us_per_token": 1e6 * secs / n, "mean_draft": drafted / n,
                      "us_per_token_and_draft_token": 1e6 * secs / (n + drafted), "generations": setup["generations"],
+                     "states_per_token": work[label][0] / work[label][1] if kind == "suffix" else None,
                      "corpus_build_us_per_token": setup["build_us_per_token"] if kind == "suffix" else None,
                      "history_build_us_per_token": setup["own_build_us_per_token"] if kind == "suffix" else None})
-    return {"rows": rows, "corpus_bytes_per_token": corpus_bytes, "max_rss_growth_kib": rss}
+    return {"rows": rows, "corpus_bytes_per_token": corpus_bytes, "max_rss_growth_kib": rss, "config": dataclasses.asdict(cfg)}
 
 
 def print_cost(report: dict) -> None:
-    print(f"{'history / corpus':<17} {'drafter':<14} {'us/token':>9} {'mean draft':>10} {'us/(token+draft)':>17} {'generations':>11} {'corpus build us/token':>21}")
+    print(f"{'history / corpus':<17} {'drafter':<14} {'us/token':>9} {'mean draft':>10} {'us/(token+draft)':>17} {'states/token':>12} "
+          f"{'generations':>11} {'corpus build us/token':>21}")
     for r in report["rows"]:
         build = f"{r['corpus_build_us_per_token']:.1f}" if r["corpus_build_us_per_token"] is not None else "-"
+        states = f"{r['states_per_token']:.1f}" if r["states_per_token"] is not None else "-"
         print(f"{r['setup']:<17} {r['kind']:<14} {r['us_per_token']:>9.1f} {r['mean_draft']:>10.2f} "
-              f"{r['us_per_token_and_draft_token']:>17.2f} {r['generations']:>11} {build:>21}")
+              f"{r['us_per_token_and_draft_token']:>17.2f} {states:>12} {r['generations']:>11} {build:>21}")
     by = {(r["setup"], r["kind"]): r for r in report["rows"]}
     for kind in ("suffix", "prompt_lookup"):
         big, small = by[("32k / 1M", kind)], by[("1k / 1k", kind)]
+        states = (f", {big['states_per_token'] / small['states_per_token']:.2f}x automaton states per token"
+                  if big["states_per_token"] else "")
         print(f"{kind}: 32k / 1M over 1k / 1k: {big['us_per_token'] / small['us_per_token']:.2f}x per token, "
-              f"{big['us_per_token_and_draft_token'] / small['us_per_token_and_draft_token']:.2f}x per token and draft token")
+              f"{big['us_per_token_and_draft_token'] / small['us_per_token_and_draft_token']:.2f}x per token and draft token{states}")
     print(f"corpus memory: {report['corpus_bytes_per_token']:.0f} bytes per token (tracemalloc, 100k tokens); "
           f"max RSS grew {report['max_rss_growth_kib'] / 1024:.0f} MiB building both setups")
 
@@ -497,12 +508,12 @@ def main(argv=None) -> int:
     ap.add_argument("--arctic", type=Path, help="compare with ArcticInference's suffix cache on recorded streams (dev only)")
     ap.add_argument("--cost", action="store_true", help="drafting cost per token at 1k and at 32k history / 1M corpus (no model)")
     ap.add_argument("--row-cost", type=float, default=0.15, help="replay: a verify row's cost in passes, for the estimate (default 0.15)")
-    ap.add_argument("--suffix", nargs="*", default=[], metavar="KEY=VALUE", help="SuffixConfig fields (replay)")
+    ap.add_argument("--suffix", nargs="*", default=[], metavar="KEY=VALUE", help="SuffixConfig fields (replay, cost)")
     ap.add_argument("--prompt-lookup", nargs="*", default=[], metavar="KEY=VALUE", help="PromptLookupConfig fields (replay)")
     args = ap.parse_args(argv)
 
     if args.cost:
-        report = cost()
+        report = cost(overrides(args.suffix, SuffixConfig))
         print_cost(report)
         args.json.write_text(json.dumps({"cost": report, "load": os.getloadavg()}))
         print(f"wrote {args.json}")

@@ -73,7 +73,7 @@ class SuffixConfig:
     max_backoff: int = 0
     corpus_tokens: int = 1 << 18
     corpus_requests: int = 2048
-    corpus_generations: int = 4
+    corpus_generations: int = 2
     corpus_scopes: int = 16
 
     def __post_init__(self) -> None:
@@ -248,8 +248,8 @@ class SuffixDrafter(DrafterBase):
         return cursor[0], cursor[1]
 
     def propose(self, max_len: int) -> list[int]:
-        """The likeliest continuation among the own text's and the corpus's longest
-        matches: the one with the most tokens expected to be accepted."""
+        """The continuation of the longest match in the own text or the corpus (among
+        equally long ones, the draft with the most tokens expected to be accepted)."""
         if max_len <= 0 or not self._history:
             return []
         if self._cap.backing_off():  # one call per decode step
@@ -266,16 +266,16 @@ class SuffixDrafter(DrafterBase):
             sources.append((matched, gen.automaton, state, False))
         sources.sort(key=lambda src: -src[0])  # longest match first (stable)
         best: list[int] = []
-        best_score = 0.0
+        best_score, best_matched = 0.0, 0
         for matched, sam, state, own in sources:
-            if matched < cfg.min_match:
-                break
+            if matched < cfg.min_match or matched < best_matched:
+                break  # the longest match that drafts anything wins; ties go to the likeliest draft
             limit = min(max_len, max(1, int(cfg.match_factor * matched)))
             if limit * sam.first_odds(state, skip_last=own) <= best_score:
                 continue  # cannot beat the best so far: a draft's score is at most limit x its first odds
             draft, score = sam.continue_from(state, matched, limit, cfg.min_prob, skip_last=own)
             if score > best_score:
-                best, best_score = draft, score
+                best, best_score, best_matched = draft, score, matched
         return best
 
     def retire(self) -> None:
