@@ -85,8 +85,9 @@ def test_generate_json_is_the_same_with_and_without_speculation():
                       "--temperature", "0.7", "--seed", "5", "--speculate", spec, "--json", check=True)
         runs[spec] = json.loads(proc.stdout)
     plain = runs["none"]
-    assert set(plain) == {"tokens", "text", "finish", "prompt_tokens", "seconds", "tokens_per_s", "proposed", "accepted"}
+    assert set(plain) == {"tokens", "text", "finish", "prompt_tokens", "seconds", "tokens_per_s", "proposed", "accepted", "error"}
     for spec in (runs["prompt-lookup"], runs["suffix"]):
+        assert plain["error"] is None and spec["error"] is None
         assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
         assert spec["proposed"] > 0
     assert plain["proposed"] == 0
