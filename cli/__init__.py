@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from sf_trt.export.gguf_llama import GGUFError
+    from sf_trt.formats.files import NotWritable, Terminated
     from sf_trt.formats.model_dir import ModelDirError
     from sf_trt.models import ModelError
     from sf_trt.tokenizer import TokenizerError
@@ -48,12 +49,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return args.func(args)
     except StatusError as exc:
-        print(f"sf-trt: {exc} [{exc.status.name}]", file=sys.stderr)
-    except (CliError, ModelError, ModelDirError, GGUFError, TokenizerError) as exc:
-        print(f"sf-trt: {exc}", file=sys.stderr)
+        _say(f"{exc} [{exc.status.name}]")
+    except (CliError, ModelError, ModelDirError, GGUFError, TokenizerError, NotWritable) as exc:
+        _say(str(exc))
+    except Terminated as exc:
+        _say(f"{exc}; unfinished files removed")
+        return exc.code
     except KeyboardInterrupt:
-        print("\nsf-trt: interrupted", file=sys.stderr)
+        print(file=sys.stderr)
+        _say("interrupted")
         return 130
     except BrokenPipeError:
         return 0
     return 1
+
+
+def _say(message: str) -> None:
+    """A refusal: one line on stderr (a message spanning lines is joined)."""
+    print("sf-trt: " + " ".join(message.split("\n")), file=sys.stderr)

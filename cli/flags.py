@@ -47,21 +47,23 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engines", type=Path, default=Path("engines"),
                    help="with --backend tensorrt: the directory of engines and manifest.json (default engines/)")
     g.add_argument("--threads", type=ranged(int, 1, what="threads >= 1"), default=None,
-                   help="onnxruntime intra-op threads (default: one per core)")
+                   help="onnxruntime intra-op threads (default: one per core; more than the cores is capped, with a note)")
     g.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS,
                    help=f"{DEFAULT_WEIGHTS} (default: per-channel int8 weights, onnxruntime's 8-bit kernels) or float32 "
                    "(the GGUF dequantized as it is); speculative == plain under either")
     g.add_argument("--max-context", type=ranged(int, 2, what="a context of >= 2 positions"), default=None,
-                   help="positions per lane: prompt plus output (default: the longest prompt plus its max tokens, "
-                   f"rounded up to a multiple of {CONTEXT_STEP}; {DEFAULT_CONTEXT} when output is unbounded). "
-                   "Attention reads the whole window every pass, so a tight one is faster")
+                   help="positions per lane: prompt plus output, at most the model's context (default: the longest "
+                   f"prompt plus its max tokens, rounded up to a multiple of {CONTEXT_STEP} and capped at the model's "
+                   "context; output that would run past it stops there). Attention reads the whole window every pass, "
+                   "so a tight one is faster")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[int]) -> None:
     draft_default = PromptLookupConfig.max_draft
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=ranged(int, 1, what="max tokens >= 1"), default=max_tokens_default,
+    g.add_argument("--max-tokens", type=ranged(int, 1, what="max tokens >= 1"), default=None,
                    help=f"most tokens to generate (default {max_tokens_default})" if max_tokens_default else "override every prompt's max_tokens")
+    p.set_defaults(max_tokens_default=max_tokens_default)  # None: the flag was not given
     g.add_argument("--temperature", type=ranged(float, 0.0, what="a temperature >= 0"), default=0.0,
                    help="0 (default) is greedy; > 0 samples (Gumbel-max, keyed by --seed and position)")
     g.add_argument("--top-p", type=ranged(float, 0.0, 1.0, lo_open=True, what="top-p in (0, 1]"), default=SamplingParams.top_p)
@@ -81,6 +83,6 @@ def sampling(args: argparse.Namespace) -> tuple[Sampling, SamplingParams]:
     greedy = args.temperature == 0
     params = SamplingParams(
         temperature=1.0 if greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_tokens=args.max_tokens or 0, flags=flags,
+        max_tokens=args.max_tokens or args.max_tokens_default or 0, flags=flags,
     )
     return (Sampling.GPU_GREEDY if greedy else Sampling.GPU_GUMBEL), params

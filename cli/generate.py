@@ -8,18 +8,20 @@ import sys
 
 from sf_trt.abi import Finish
 
+from .errors import CliError
 from .flags import add_model_flags, add_sampling_flags, sampling
-from .launch import context_for, open_backend, resolve
+from .launch import context_window, note, open_backend, resolve
 
-__all__ = ["add_generate_parser", "prompt_ids", "generator"]
+__all__ = ["add_generate_parser", "prompt_ids", "generator", "utf8_text"]
 
 
 def add_generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate text, streamed as it is produced",
                        description="Generate from a prompt on the default model (SmolLM2-135M-Instruct) or a given one.")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="raw text, tokenized as it is")
-    src.add_argument("--chat", help="a user message, wrapped in the model's chat template")
+    src.add_argument("--prompt", help="raw text, tokenized as it is (control tokens written in it, like <|im_start|>, count)")
+    src.add_argument("--chat", help="a user message, wrapped in the model's chat template (its text stays text: "
+                     "<|im_start|> typed in it is never a control token)")
     src.add_argument("--prompt-ids", type=_parse_ids, help="token ids, comma-separated")
     g.add_argument("--speculate", choices=("none", "prompt-lookup", "suffix"), default="prompt-lookup",
                    help="prompt-lookup (default) drafts from the prompt; suffix also from earlier requests' text; "
@@ -37,15 +39,29 @@ def _parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 1,2,3, got {text!r}") from None
 
 
+def utf8_text(flag: str, text: str | None) -> str | None:
+    """``text`` if it is valid UTF-8 (a command line in another encoding reaches
+    Python as lone surrogates), else a CliError naming ``flag`` and the byte."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise CliError(f"{flag}: not valid UTF-8 text ({what} at character {exc.start})") from None
+    return text
+
+
 def prompt_ids(tok, *, prompt=None, chat=None, messages=None, ids=None) -> list[int]:
     """The prompt's token ids: given ids, a chat (one user message or messages) in
-    the model's template, or raw text."""
+    the model's template (contents encoded as text), or raw text."""
     if ids is not None:
         return list(ids)
     if chat is not None:
         messages = [{"role": "user", "content": chat}]
     if messages is not None:
-        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+        return tok.encode_chat(messages, add_generation_prompt=True)
     return tok.encode(prompt)
 
 
@@ -60,11 +76,18 @@ def generator(prims, args):
 def cmd_generate(args) -> int:
     from sf_trt.generate import Request
 
+    prompt, chat = utf8_text("--prompt", args.prompt), utf8_text("--chat", args.chat)
     model = resolve(args, progress=not args.json)
     tok = model.tokenizer
-    ids = prompt_ids(tok, prompt=args.prompt, chat=args.chat, ids=args.prompt_ids)
+    ids = prompt_ids(tok, prompt=prompt, chat=chat, ids=args.prompt_ids)
     mode, params = sampling(args)
-    prims = open_backend(args, model, max_lanes=1, max_context=context_for(args.max_context, [len(ids) + params.max_tokens]))
+    model_context = model.model_dir.max_positions
+    window = context_window(args.max_context, model_context, [("prompt", len(ids), params.max_tokens)])
+    if args.max_tokens is not None and ids and len(ids) + params.max_tokens > window:
+        limit = f"--max-context {window}" if args.max_context is not None else f"the model's context of {window}"
+        note(f"{limit} leaves room for {window - len(ids)} tokens after the {len(ids)}-token prompt; "
+             "the output stops there (finish \"context\")")
+    prims = open_backend(args, model, max_lanes=1, max_context=window)
     gen = generator(prims, args)
     request = Request(ids, mode, params, seed=args.seed, speculate=args.speculate.replace("-", "_"))
     stream = tok.stream(skip_special=True)

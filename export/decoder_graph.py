@@ -21,15 +21,15 @@ goes through has a length and a layout that do not depend on the pass:
   query rows per KV head; without GQA the queries are doubled.
 
 Inputs (``B`` lanes in the pass, ``T`` rows per lane, ``K`` logit rows, ``L``
-cache slots, ``S = max_context + 1``)::
+cache slots, ``S = max_context + 1``; ``C`` the compute type, see *Precision*)::
 
     input_ids    int64 [B, T]
     positions    int64 [B, T]      absolute position of each row; padding rows use
                                    S - 1 (= max_context, the trash slot)
     lane_ids     int64 [B]         cache slot of each lane of the pass
     logit_index  int64 [K]         flat rows b * T + t whose logits are wanted
-    past_key_i   float32 [L, n_kv_heads, S, head_dim]   (one pair per layer i;
-    past_value_i float32 [L, n_kv_heads, S, head_dim]    read only)
+    past_key_i   C [L, n_kv_heads, S, head_dim]   (one pair per layer i;
+    past_value_i C [L, n_kv_heads, S, head_dim]    read only)
 
 That is the ``"slots"`` form (the default, and what TensorRT engines are built
 from: the caches stay bound whole, the graph gathers the pass's lanes). The
@@ -46,7 +46,7 @@ Outputs::
     logits  float32 [K, vocab]     hidden rows gathered by logit_index *before* the
                                    final norm and the lm_head, so prefill rows cost
                                    no lm_head
-    new_kv  float32 [n_layers, 2, B, T, n_kv_heads, head_dim]  this pass's K (0)
+    new_kv  C [n_layers, 2, B, T, n_kv_heads, head_dim]  this pass's K (0)
                                    and V (1), post-rotary; the host writes row
                                    (b, t) into its cache at (lane_ids[b], :,
                                    positions[b, t], :), skipping padding rows
@@ -55,6 +55,20 @@ A real row at position ``p < max_context`` sees keys ``j <= p``; a padding row
 (position ``max_context``) sees everything, and its output is thrown away.
 ``B``, ``L`` and ``S`` are symbolic unless given, so one exported graph
 serves any ``max_lanes`` / ``max_context`` up to the model's context length.
+The dims are named ``batch``, ``rows_per_lane``, ``logit_rows``, ``max_lanes`` and
+``cache_len`` (roles in :data:`sf_trt.formats.shapes.DIM_ROLES`).
+
+Precision (``precision="fp32" | "fp16" | "bf16"``, recorded in the metadata under
+:data:`~sf_trt.formats.model_dir.PRECISION_KEY`) lives in the graph, where a strongly
+typed TensorRT network takes it as written: the compute type ``C`` is that of the
+weights (the token embedding included), every matmul, the rotary tables, the KV cache
+and ``new_kv``. What precision needs stays float32 by explicit ``Cast``: the residual
+stream (embedding rows are cast up, every block's output is cast up before it is
+added), RMSNorm (computed on the float32 stream, cast to ``C`` after its weight),
+the attention scores from the ``QK^T`` matmul on (mask and softmax; the
+probabilities are cast to ``C`` for the ``PV`` matmul) and the logits. With
+``precision="fp32"`` there is no ``Cast`` at all. ``weight_dtype="int8"`` keeps
+``DequantizeLinear`` (to float32) and casts its output to ``C``.
 
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
@@ -62,8 +76,9 @@ Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 
 Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
-ScatterND, Shape, Range, Squeeze, Unsqueeze, Expand, Concat, Tile (and Slice
-without GQA; DequantizeLinear with int8 weights). No TopK, no bitwise ops, no contrib ops.
+ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
+DequantizeLinear with int8 weights; Cast below fp32). No TopK, no bitwise ops, no
+contrib ops.
 """
 
 from __future__ import annotations
@@ -72,13 +87,19 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from sf_trt.formats.model_dir import CACHE_INPUTS, INPUTS, OUTPUTS, WEIGHT_DTYPES, LlamaConfig, cache_names
+from sf_trt.formats.model_dir import (
+    CACHE_INPUTS, INPUTS, OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
+)
 from sf_trt.graphs.builder import GraphBuilder
+from sf_trt.graphs.ranges import declare_ranges
 
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
 from .quantize import quantize_int8
 
-__all__ = ["build_decoder_graph", "pass_form", "rope_tables"]
+__all__ = ["build_decoder_graph", "pass_form", "rope_tables", "COMPUTE_TYPES"]
+
+COMPUTE_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+"""The ONNX type of the decoder's weights, matmuls and KV cache, by precision."""
 
 
 def rope_tables(cfg: LlamaConfig, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,6 +125,7 @@ def build_decoder_graph(
     *,
     cache_inputs: str = "slots",
     weight_dtype: str = "float32",
+    precision: str = "fp32",
 ) -> onnx.ModelProto:
     """The decoder graph (see the module docstring for inputs and outputs).
 
@@ -117,21 +139,44 @@ def build_decoder_graph(
     weight-only kernel at load, a quarter of the bytes read per pass). The token
     embedding stays float32 (only the pass's rows are read). The model it
     computes is :func:`~sf_trt.export.quantize.int8_weights` of ``weights``.
+
+    ``precision`` (:data:`~sf_trt.formats.model_dir.PRECISIONS`) is the compute type of
+    the weights, matmuls and KV cache (module docstring, *Precision*).
     """
-    _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype)
-    d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs)
+    _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision)
+    d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs, precision)
     x = d.pass_inputs(weights, max_context)
     new_kv: list[str] = []
     for i, layer in enumerate(weights.layers):
         x = d.layer(i, layer, x, new_kv)
     d.head(weights, x)
     d.new_kv_output(new_kv)
-    return d.g.model(
-        "llama_decoder", *_io(cfg, max_lanes, max_context, cache_inputs), producer="sf_trt.export.decoder_graph"
+    model = d.g.model(
+        "llama_decoder", *_io(cfg, max_lanes, max_context, cache_inputs, precision), producer="sf_trt.export.decoder_graph",
+        metadata={PRECISION_KEY: precision},
     )
+    return _declare_ranges(model, cfg, max_lanes, max_context)
 
 
-def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype) -> None:
+DECODER_MAX_LANES = 2**16
+"""The lane count the decoder graph states as its bound when ``max_lanes`` is not fixed."""
+
+
+def _declare_ranges(model: onnx.ModelProto, cfg: LlamaConfig, max_lanes: int | None, max_context: int | None) -> onnx.ModelProto:
+    """The ranges the graph's integer inputs and symbolic dims keep (sf_trt.graphs.ranges): the
+    proof that its integer arithmetic (the ``Range``s over lanes and cache slots) is exact."""
+    lanes = max_lanes or DECODER_MAX_LANES
+    slots = (max_context or cfg.context_length) + 1  # the trash slot included
+    inputs = {"input_ids": (0, cfg.vocab - 1), "positions": (0, slots - 1), "logit_index": (0, lanes * slots - 1)}
+    if "lane_ids" in {i.name for i in model.graph.input}:
+        inputs["lane_ids"] = (0, lanes - 1)
+    dims = {"batch": (1, lanes), "rows_per_lane": (1, slots), "logit_rows": (1, lanes * slots), "cache_len": (1, slots), "max_lanes": (1, lanes)}
+    return declare_ranges(model, inputs=inputs, dims=dims)
+
+
+def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"build_decoder_graph: precision {precision!r} unknown (known: {', '.join(PRECISIONS)})")
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"build_decoder_graph: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     if cache_inputs not in CACHE_INPUTS:
@@ -146,8 +191,10 @@ def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype
 class _Decoder:
     """The decoder graph under construction: what every layer shares, then each layer."""
 
-    def __init__(self, g: GraphBuilder, cfg: LlamaConfig, weight_dtype: str, cache_inputs: str) -> None:
+    def __init__(self, g: GraphBuilder, cfg: LlamaConfig, weight_dtype: str, cache_inputs: str, precision: str) -> None:
         self.g, self.cfg, self.weight_dtype, self.cache_inputs = g, cfg, weight_dtype, cache_inputs
+        self.ct = COMPUTE_TYPES[precision]  # the compute type C
+        self.np_ct = helper.tensor_dtype_to_np_dtype(self.ct)
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         # onnxruntime's MLAS computes a matmul whose B is not a constant differently
         # when M == 1 (a GEMV path) than when M > 1, so the attention matmuls (M = rep *
@@ -167,22 +214,35 @@ class _Decoder:
             "merge": g.i64([0, 0, nh * hd], "shape_merge"),
         }
 
+    def weight(self, value: np.ndarray, name: str) -> str:
+        """A weight initializer in the compute type."""
+        return self.g.init(np.ascontiguousarray(value, dtype=self.np_ct), name)
+
+    def to_compute(self, x: str, stem: str) -> str:
+        """``x`` (float32) cast to the compute type (itself at fp32)."""
+        return x if self.ct == TensorProto.FLOAT else self.g.op("Cast", [x], f"{stem}_c", to=self.ct)
+
+    def to_f32(self, x: str, stem: str) -> str:
+        """``x`` (compute type) cast to float32 (itself at fp32)."""
+        return x if self.ct == TensorProto.FLOAT else self.g.op("Cast", [x], f"{stem}_f32", to=TensorProto.FLOAT)
+
     def matrix(self, name: str, w: np.ndarray) -> str:
-        """The ``[in, out]`` operand of ``x @ w.T`` for an ``[out, in]`` weight."""
+        """The ``[in, out]`` operand of ``x @ w.T`` for an ``[out, in]`` weight, in the compute type."""
         g = self.g
         if self.weight_dtype == "float32":
-            return g.init(np.ascontiguousarray(w.T), name)
+            return self.weight(w.T, name)
         q, scale = quantize_int8(w)
         g.init(np.ascontiguousarray(q.T), f"{name}.q")
         g.init(scale, f"{name}.scale")
-        return g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1)
+        return self.to_compute(g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1), f"{name}_dq")
 
     def rms_norm(self, x: str, weight: str, stem: str) -> str:
+        """RMSNorm of the float32 rows ``x``, in float32, cast to the compute type after its weight."""
         # Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul: the pattern onnxruntime fuses.
         g = self.g
         ms = g.op("ReduceMean", [g.op("Pow", [x, self.two], f"{stem}_sq")], f"{stem}_ms", axes=[-1], keepdims=1)
         rms = g.op("Sqrt", [g.op("Add", [ms, self.eps], f"{stem}_mseps")], f"{stem}_rms")
-        return g.op("Mul", [g.op("Div", [x, rms], f"{stem}_normed"), weight], stem)
+        return self.to_compute(g.op("Mul", [g.op("Div", [x, rms], f"{stem}_normed"), weight], stem), stem)
 
     def rope(self, x: str, stem: str) -> str:
         """x [B, T, heads, hd] rotated pairwise by position (cos/sin [B, T, heads, hd])."""
@@ -197,15 +257,15 @@ class _Decoder:
         nh, nkv, hd, grp = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group
         table_len = (cfg.context_length if max_context is None else max_context) + 1
         cos_tab, sin_tab = rope_tables(cfg, table_len)
-        g.f32(cos_tab, "rope_cos")
-        g.f32(sin_tab, "rope_sin")
-        g.init(weights.tok_embd, "tok_embd")
+        self.weight(cos_tab, "rope_cos")
+        self.weight(sin_tab, "rope_sin")
+        self.weight(weights.tok_embd, "tok_embd")
         neg_inf = g.f32(-np.inf, "neg_inf")
         zero, one = g.i64(0, "zero"), g.i64(1, "one")
-        self.ax0, self.ax2 = ax0, ax2 = g.i64([0], "axis0"), g.i64([2], "axis2")
-        x = g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0)  # [B, T, H]
+        self.ax2 = ax2 = g.i64([2], "axis2")
+        x = self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed")  # [B, T, H] float32
         # rotary rows for q and k heads at once, the attention scale folded into q's
-        head_scale = g.f32(np.r_[np.full(nh, 1.0 / np.sqrt(hd)), np.ones(nkv)].reshape(nh + nkv, 1), "head_scale")
+        head_scale = self.weight(np.r_[np.full(nh, 1.0 / np.sqrt(hd)), np.ones(nkv)].reshape(nh + nkv, 1), "head_scale")
         self.cos, self.sin = (
             g.op("Mul", [g.op("Unsqueeze", [g.op("Gather", [f"rope_{f}", "positions"], f"{f}_rows", axis=0), ax2], f"{f}_1"), head_scale], f)
             for f in ("cos", "sin")
@@ -213,15 +273,18 @@ class _Decoder:
         self.ids_shape = g.op("Shape", ["input_ids"], "ids_shape")
         b_dim = g.op("Shape", ["input_ids"], "b_dim", start=0, end=1)  # [1]
         self.t_dim = t_dim = g.op("Shape", ["input_ids"], "t_dim", start=1, end=2)  # [1]
-        s_dim = g.op("Shape", ["past_key_0"], "s_dim", start=2, end=3)  # [1]
-        key_idx = g.op("Range", [zero, g.op("Squeeze", [s_dim, ax0], "s_scalar"), one], "key_idx")  # [S]
+        if max_context is None:  # S symbolic: the key index from the cache's shape
+            s_scalar = g.op("Gather", [g.op("Shape", ["past_key_0"], "cache_shape"), g.i64(2, "two_i")], "s_scalar", axis=0)  # []
+            key_idx = g.op("Range", [zero, s_scalar, one], "key_idx")  # [S]
+        else:  # a constant (onnxruntime's shape inference refuses a Range over a static shape's dim)
+            key_idx = g.i64(np.arange(max_context + 1), "key_idx")  # [S]
         # query row g*T + t of a KV group has the position of row t: tile positions
         pos_b1t1 = g.op("Unsqueeze", ["positions", g.i64([1, 3], "axes13")], "pos_b1t1")
         pos_q = g.op("Tile", [pos_b1t1, g.i64([1, 1, self.rep * grp, 1], "tile_grp")], "pos_q")
         visible = g.op("LessOrEqual", [key_idx, pos_q], "visible")  # [B, 1, rep*grp*T, S]: key j iff j <= position
         self.mask = g.op("Where", [visible, g.f32(0.0, "zero_f"), neg_inf], "mask")  # added to the scores
         # ScatterND indices (b, kv head, position) of each new row's K/V: [B, T, nkv, 3]
-        b_range = g.op("Range", [zero, g.op("Squeeze", [b_dim, ax0], "b_scalar"), one], "b_range")
+        b_range = g.op("Range", [zero, g.op("Gather", [self.ids_shape, zero], "b_scalar", axis=0), one], "b_range")
         idx_shape = g.op("Concat", [b_dim, t_dim, g.i64([nkv], "nkv_dim"), g.i64([1], "one_dim")], "idx_shape", axis=0)
         b_idx = g.op("Expand", [g.op("Reshape", [b_range, g.i64([-1, 1, 1, 1], "shape_b111")], "b_col"), idx_shape], "b_idx")
         h_idx = g.op("Expand", [g.i64(np.arange(nkv).reshape(1, 1, nkv, 1), "h_col"), idx_shape], "h_idx")
@@ -239,7 +302,7 @@ class _Decoder:
         w_o = self.matrix(f"{p}.w_o", layer.wo)
         w_gu = self.matrix(f"{p}.w_gate_up", np.concatenate([layer.w_gate, layer.w_up], axis=0))  # [H, 2F]
         w_down = self.matrix(f"{p}.w_down", layer.w_down)
-        g.init(layer.attn_norm, f"{p}.attn_norm")
+        g.init(layer.attn_norm, f"{p}.attn_norm")  # norm weights stay float32, as the norm does
         g.init(layer.ffn_norm, f"{p}.ffn_norm")
 
         h = self.rms_norm(x, f"{p}.attn_norm", f"{p}_attn_norm")
@@ -259,16 +322,17 @@ class _Decoder:
         if self.rep > 1:
             qg = g.op("Tile", [qg, self.tile_rep], f"{p}_q_rep")
         scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B,nkv,rep*grp*T,S]
+        scores = self.to_f32(scores, f"{p}_scores")  # mask and softmax in float32
         probs = g.op("Softmax", [g.op("Add", [scores, self.mask], f"{p}_masked")], f"{p}_probs", axis=-1)
-        attn = g.op("MatMul", [probs, v_all], f"{p}_attn")  # [B, nkv, rep*grp*T, hd]
+        attn = g.op("MatMul", [self.to_compute(probs, f"{p}_probs"), v_all], f"{p}_attn")  # [B, nkv, rep*grp*T, hd]
         if self.rep > 1:
             attn = g.op("Slice", [attn, self.zero1, self.q_rows, self.ax2], f"{p}_attn_once")
         attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shapes["heads"]], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shapes["merge"]], f"{p}_attn_m")
-        x = g.op("Add", [x, g.op("MatMul", [attn, w_o], f"{p}_o")], f"{p}_resid1")
+        x = g.op("Add", [x, self.to_f32(g.op("MatMul", [attn, w_o], f"{p}_o"), f"{p}_o")], f"{p}_resid1")  # float32 stream
         h = self.rms_norm(x, f"{p}.ffn_norm", f"{p}_ffn_norm")
         gate, up = g.op("Split", [g.op("MatMul", [h, w_gu], f"{p}_gu"), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}_sig")], f"{p}_silu"), up], f"{p}_act")
-        return g.op("Add", [x, g.op("MatMul", [act, w_down], f"{p}_down")], f"{p}_resid2")
+        return g.op("Add", [x, self.to_f32(g.op("MatMul", [act, w_down], f"{p}_down"), f"{p}_down")], f"{p}_resid2")
 
     def head(self, weights: LlamaWeights, x: str) -> None:
         """The logits of the wanted rows only: gathered *before* the final norm and the lm_head."""
@@ -277,12 +341,17 @@ class _Decoder:
         hidden_rows = g.op("Reshape", [x, g.i64([-1, cfg.hidden], "shape_rows")], "hidden_rows")
         rows = g.op("Gather", [hidden_rows, "logit_index"], "logit_hidden", axis=0)
         hn = self.rms_norm(rows, "output_norm", "final_norm")
+        logits, out = "logits", None
+        if self.ct != TensorProto.FLOAT:
+            logits, out = "logits_c", "logits"  # the lm_head in C, the logits cast to float32
         if self.weight_dtype == "int8":
-            g.named("MatMul", [hn, self.matrix("lm_head", weights.output_matrix())], "logits")
+            g.named("MatMul", [hn, self.matrix("lm_head", weights.output_matrix())], logits)
         elif weights.lm_head is None:
-            g.named("Gemm", [hn, "tok_embd"], "logits", transB=1)
+            g.named("Gemm", [hn, "tok_embd"], logits, transB=1)
         else:
-            g.named("Gemm", [hn, g.init(weights.lm_head, "lm_head")], "logits", transB=1)
+            g.named("Gemm", [hn, self.weight(weights.lm_head, "lm_head")], logits, transB=1)
+        if out is not None:
+            g.named("Cast", [logits], out, to=TensorProto.FLOAT)
 
     def new_kv_output(self, new_kv: list[str]) -> None:
         """new_kv: [B, T, 2 * layers * nkv, hd] -> [B, T, layers, 2, nkv, hd] -> [layers, 2, B, T, nkv, hd]."""
@@ -292,22 +361,22 @@ class _Decoder:
         g.named("Transpose", [g.op("Reshape", [stacked, kv_shape], "kv6")], "new_kv", perm=[2, 3, 0, 1, 4, 5])
 
 
-def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs) -> tuple[list, list]:
-    nkv, hd = cfg.n_kv_heads, cfg.head_dim
+def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs, precision) -> tuple[list, list]:
+    nkv, hd, ct = cfg.n_kv_heads, cfg.head_dim, COMPUTE_TYPES[precision]
     S = max_context + 1 if max_context is not None else "cache_len"
     lanes = "batch" if cache_inputs == "pass" else (max_lanes if max_lanes is not None else "max_lanes")
-    per_pass = {"input_ids": ["batch", "rows"], "positions": ["batch", "rows"], "lane_ids": ["batch"], "logit_index": ["logit_rows"]}
+    per_pass = {"input_ids": ["batch", "rows_per_lane"], "positions": ["batch", "rows_per_lane"], "lane_ids": ["batch"], "logit_index": ["logit_rows"]}
     inputs = [
         helper.make_tensor_value_info(name, TensorProto.INT64, per_pass[name])
         for name in INPUTS
         if cache_inputs == "slots" or name != "lane_ids"
     ]
     for i in range(cfg.n_layers):
-        inputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, [lanes, nkv, S, hd]) for name in cache_names(i)]
+        inputs += [helper.make_tensor_value_info(name, ct, [lanes, nkv, S, hd]) for name in cache_names(i)]
     logits, new_kv = OUTPUTS
     outputs = [
         helper.make_tensor_value_info(logits, TensorProto.FLOAT, ["logit_rows", cfg.vocab]),
-        helper.make_tensor_value_info(new_kv, TensorProto.FLOAT, [cfg.n_layers, 2, "batch", "rows", nkv, hd]),
+        helper.make_tensor_value_info(new_kv, ct, [cfg.n_layers, 2, "batch", "rows_per_lane", nkv, hd]),
     ]
     return inputs, outputs
 
@@ -347,4 +416,5 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
             new.type.tensor_type.shape.dim[0].Clear()
             new.type.tensor_type.shape.dim[0].dim_param = "batch"
     g.output.extend(graph.output)
+    out.metadata_props.extend(model.metadata_props)
     return out

@@ -28,7 +28,10 @@ import numpy as np
 from sf_trt.formats.model_dir import LlamaConfig
 from sf_trt.tokenizer import Tokenizer, TokenizerError
 
-__all__ = ["GGUFError", "LlamaLayerWeights", "LlamaWeights", "load_gguf", "open_reader", "read_config", "read_tokenizer", "check_gguf_file", "unpermute_rotary_rows"]
+__all__ = [
+    "GGUFError", "LlamaLayerWeights", "LlamaWeights", "load_gguf", "open_reader", "read_config", "read_tokenizer",
+    "check_gguf_file", "check_tensors", "expected_shapes", "model_name", "unpermute_rotary_rows",
+]
 
 
 class GGUFError(ValueError):
@@ -118,14 +121,64 @@ def open_reader(path: str | os.PathLike):
 
 
 def check_gguf_file(path: str | os.PathLike) -> None:
-    """Parse ``path``'s header, check it is a Llama GGUF whose tensor data fits in
-    the file; GGUFError naming what is wrong (a few seconds for a 49k vocabulary)."""
+    """Parse ``path``'s header, check it is a Llama GGUF whose metadata agrees
+    with its tensor table and whose tensor data fits in the file; GGUFError
+    naming what is wrong (a few seconds for a 49k vocabulary)."""
     reader = open_reader(path)
-    read_config(reader)
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    size = os.path.getsize(path)
-    if end > size:
-        raise GGUFError(f"{os.fspath(path)}: truncated GGUF (tensor data runs to byte {end}, the file has {size})")
+    check_tensors(reader, read_config(reader))
+
+
+def _block_below(name: str, n_layers: int) -> bool:
+    index = name.split(".")[1]
+    return index.isdigit() and int(index) < n_layers
+
+
+def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors a Llama GGUF of ``cfg`` holds, by name, with their numpy
+    shapes (outermost dim first)."""
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes = {"token_embd.weight": (cfg.vocab, cfg.hidden), "output_norm.weight": (cfg.hidden,)}
+    if not cfg.tied_embeddings:
+        shapes["output.weight"] = (cfg.vocab, cfg.hidden)
+    per_layer = {
+        "attn_norm": (cfg.hidden,), "attn_q": (q, cfg.hidden), "attn_k": (kv, cfg.hidden), "attn_v": (kv, cfg.hidden),
+        "attn_output": (cfg.hidden, q), "ffn_norm": (cfg.hidden,), "ffn_gate": (cfg.ffn, cfg.hidden),
+        "ffn_up": (cfg.ffn, cfg.hidden), "ffn_down": (cfg.hidden, cfg.ffn),
+    }
+    for i in range(cfg.n_layers):
+        for g, shape in per_layer.items():
+            shapes[f"blk.{i}.{g}.weight"] = shape
+    return shapes
+
+
+def check_tensors(reader, cfg: LlamaConfig) -> dict[str, Any]:
+    """The tensors ``cfg`` needs, by name, after checking them against the
+    tensor table and the file, before anything is allocated: the block count
+    against the number of tensors, every shape against the metadata, every
+    tensor's bytes inside the file. GGUFError names the first mismatch."""
+    path = _path_of(reader)
+    tensors = list(reader.tensors)
+    needed = 2 + (0 if cfg.tied_embeddings else 1) + len(_LAYER_TENSORS) * cfg.n_layers
+    if needed > len(tensors):
+        raise GGUFError(
+            f"{path}: llama.block_count {cfg.n_layers} needs {needed} tensors, the file holds {len(tensors)} (damaged or crafted metadata)"
+        )
+    size = int(reader.data.shape[0])
+    by_name = {t.name: t for t in tensors}
+    beyond = sorted(n for n in by_name if n.startswith("blk.") and not _block_below(n, cfg.n_layers))
+    if beyond:
+        raise GGUFError(f"{path}: tensor {beyond[0]!r} lies beyond llama.block_count {cfg.n_layers} (damaged or crafted metadata)")
+    for name, shape in expected_shapes(cfg).items():
+        t = by_name.get(name)
+        if t is None:
+            raise GGUFError(f"{path}: GGUF has no tensor {name!r} (expected a llama model)")
+        got = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if got != shape:
+            raise GGUFError(f"{path}: tensor {name!r} has shape {got}, the metadata implies {shape}")
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size or int(t.n_bytes) > t.data.nbytes:
+            raise GGUFError(f"{path}: truncated GGUF (tensor {name!r} runs to byte {end}, the file has {size})")
+    return by_name
 
 
 def _path_of(reader) -> str:
@@ -138,16 +191,32 @@ def _field(reader, key: str, default: Any = None, *, required: bool = True) -> A
         if required:
             raise GGUFError(f"{_path_of(reader)}: GGUF metadata has no {key!r}")
         return default
-    return field.contents()
+    try:
+        return field.contents()
+    except (TypeError, ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise GGUFError(f"{_path_of(reader)}: GGUF metadata {key!r} is malformed ({type(exc).__name__}: {exc})") from None
 
 
 def read_config(reader) -> LlamaConfig:
-    """The :class:`LlamaConfig` of an open GGUF reader; refuses a non-llama architecture."""
+    """The :class:`LlamaConfig` of an open GGUF reader; refuses a non-llama
+    architecture and metadata of the wrong type, naming the key."""
+    try:
+        return _read_config(reader)
+    except (TypeError, ValueError, ArithmeticError, IndexError) as exc:
+        if isinstance(exc, GGUFError):
+            raise
+        raise GGUFError(f"{_path_of(reader)}: GGUF metadata is malformed ({type(exc).__name__}: {exc})") from None
+
+
+def _read_config(reader) -> LlamaConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise GGUFError(f"{_path_of(reader)}: architecture {arch!r} is not supported (expected 'llama')")
     n_heads = int(_field(reader, "llama.attention.head_count"))
     hidden = int(_field(reader, "llama.embedding_length"))
+    for key, value in (("llama.attention.head_count", n_heads), ("llama.embedding_length", hidden)):
+        if value < 1:
+            raise GGUFError(f"{_path_of(reader)}: {key} {value} is not a positive count")
     head_dim = int(_field(reader, "llama.attention.key_length", hidden // n_heads, required=False))
     rope_dim = int(_field(reader, "llama.rope.dimension_count", head_dim, required=False))
     if rope_dim != head_dim:
@@ -180,16 +249,21 @@ def read_config(reader) -> LlamaConfig:
 def _dequantize(reader, tensor) -> np.ndarray:
     import gguf
 
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
     except NotImplementedError as exc:
         raise GGUFError(
             f"{_path_of(reader)}: tensor {tensor.name!r} has type {tensor.tensor_type.name}, which gguf "
             f"{getattr(gguf, '__version__', '')} cannot dequantize ({exc})"
         ) from exc
-    # GGUF lists dims innermost first; numpy wants them outermost first.
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise GGUFError(f"{_path_of(reader)}: tensor {tensor.name!r} cannot be read as {shape} ({type(exc).__name__}: {exc})") from None
+    bad = values.size - int(np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise GGUFError(f"{_path_of(reader)}: tensor {tensor.name!r} holds {bad} non-finite values (NaN or inf); the file is damaged")
+    return values
 
 
 _LAYER_TENSORS = {
@@ -210,12 +284,8 @@ def load_gguf(
     """
     reader = path if hasattr(path, "tensors") else open_reader(path)
     cfg = read_config(reader)
-    by_name = {t.name: t for t in reader.tensors}
-    wanted = ["token_embd.weight", "output_norm.weight"] + (["output.weight"] if not cfg.tied_embeddings else [])
-    wanted += [f"blk.{i}.{g}.weight" for i in range(cfg.n_layers) for g in _LAYER_TENSORS.values()]
-    missing = [n for n in wanted if n not in by_name]
-    if missing:
-        raise GGUFError(f"{_path_of(reader)}: GGUF has no tensor {missing[0]!r} ({len(missing)} missing; expected a llama model)")
+    by_name = check_tensors(reader, cfg)  # before anything is allocated
+    wanted = list(expected_shapes(cfg))
     names: Iterable[str] = wanted
     if progress is True:
         from tqdm import tqdm
@@ -223,7 +293,11 @@ def load_gguf(
         names = tqdm(wanted, desc="dequantize", unit="tensor")
     elif callable(progress):
         names = progress(wanted)
-    arrays = {name: _dequantize(reader, by_name[name]) for name in names}
+    try:
+        arrays = {name: _dequantize(reader, by_name[name]) for name in names}
+    finally:
+        if hasattr(names, "close"):
+            names.close()  # a bar left open prints itself after the error message
     layers = [
         LlamaLayerWeights(**{field: arrays[f"blk.{i}.{g}.weight"] for field, g in _LAYER_TENSORS.items()})
         for i in range(cfg.n_layers)
@@ -241,14 +315,32 @@ def load_gguf(
     return cfg, weights
 
 
+def model_name(reader) -> str | None:
+    """``general.name`` of an open GGUF reader, if it is a string."""
+    name = _field(reader, "general.name", None, required=False)
+    return name if isinstance(name, str) else None
+
+
 def read_tokenizer(reader) -> Tokenizer:
     """The model's tokenizer from an open GGUF reader's ``tokenizer.ggml.*`` metadata.
 
     Refuses a tokenizer model other than ``gpt2`` (byte-level BPE), naming it.
     """
+    try:
+        return _read_tokenizer(reader)
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, (GGUFError, TokenizerError)):
+            raise
+        raise GGUFError(f"{_path_of(reader)}: GGUF tokenizer metadata is malformed ({type(exc).__name__}: {exc})") from None
+
+
+def _read_tokenizer(reader) -> Tokenizer:
     model = _field(reader, "tokenizer.ggml.model", None, required=False)
     if model != "gpt2":
         raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (expected 'gpt2', byte-level BPE)")
+    chat_template = _field(reader, "tokenizer.chat_template", None, required=False)
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise GGUFError(f"{_path_of(reader)}: tokenizer.chat_template is not a string")
     return Tokenizer.from_vocab(
         _field(reader, "tokenizer.ggml.tokens", None, required=False),
         _field(reader, "tokenizer.ggml.merges", None, required=False),
@@ -256,5 +348,5 @@ def read_tokenizer(reader) -> Tokenizer:
         pre=_field(reader, "tokenizer.ggml.pre", "gpt2", required=False),
         bos=int(_field(reader, "tokenizer.ggml.bos_token_id", 1, required=False)),
         eos=int(_field(reader, "tokenizer.ggml.eos_token_id", 2, required=False)),
-        chat_template=_field(reader, "tokenizer.chat_template", None, required=False),
+        chat_template=chat_template,
     )

@@ -5,80 +5,147 @@ forms), the verify-and-sample graph for its vocabulary and the tokenizer, and
 writes them as a model directory (:mod:`sf_trt.formats.model_dir`). Whichever
 command asks for it (``sf-trt export``, or ``sf-trt generate`` on first use),
 the directory holds the same files.
+
+Nothing it did not make is lost: a directory that holds other files is
+refused (unless ``force``); an export is written beside its place and renamed
+in (:func:`sf_trt.formats.files.replace_dir`); its temporary directory is
+removed on an exception, Ctrl-C, SIGTERM or SIGHUP, and one left by a killed
+process is removed by the next export to that place.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import onnx
 
-from sf_trt.formats.files import sha256_file
+from sf_trt.formats.files import check_writable_dir, removed_on_signal, replace_dir, sha256_file, sweep_stale, temp_path
 from sf_trt.formats.model_dir import (
-    CONFIG_FILE, DATA_FILE, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, PASS_GRAPH_FILE, VERIFY_FILE, WEIGHT_DTYPES,
-    LlamaConfig, ModelDir, ModelDirError, graph_facts,
+    CONFIG_FILE, DATA_FILE, DEFAULT_PRECISION, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, PASS_GRAPH_FILE, PRECISIONS,
+    VERIFY_FILE, WEIGHT_DTYPES, LlamaConfig, ModelDir, ModelDirError, config_digest, graph_facts, graph_precision,
+    made_by_export,
 )
 from sf_trt.graphs.verify import build_verify_graph
-from sf_trt.models import default_gguf_path, export_dir
+from sf_trt.models import DEFAULT_MODEL, default_gguf_path, export_dir
 
 from .decoder_graph import build_decoder_graph, pass_form
-from .gguf_llama import load_gguf, open_reader, read_tokenizer
+from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
 
-__all__ = ["default_model_dir", "export_model_dir", "write_model_dir"]
+__all__ = ["default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "OutDirError"]
+
+
+class OutDirError(ModelDirError):
+    """The place an export would go holds something an export did not write."""
 
 
 def export_model_dir(
-    gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progress: bool = True, *, weight_dtype: str = "float32"
+    gguf_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    progress: bool = True,
+    *,
+    weight_dtype: str = "float32",
+    precision: str = DEFAULT_PRECISION,
+    force: bool = False,
+    gguf_sha256: str | None = None,
 ) -> Path:
     """Write (or reuse) an onnxruntime/TensorRT-ready model directory for a GGUF.
 
-    A directory whose recorded GGUF digest, weight dtype and format match and
-    whose files are all present is reused as it is. ``weight_dtype``:
+    A directory whose recorded GGUF digest, weight dtype, precision and format match and
+    whose files match their digests is reused as it is; another export (or a
+    damaged one) there is replaced; a directory holding anything else is
+    refused with :class:`OutDirError` unless ``force``. ``weight_dtype``:
     ``"float32"`` (the GGUF's values exactly) or ``"int8"`` (see
-    :func:`~sf_trt.export.decoder_graph.build_decoder_graph`). Progress goes
-    to stderr.
+    :func:`~sf_trt.export.decoder_graph.build_decoder_graph`); ``precision``: the
+    decoder's compute type (:data:`~sf_trt.formats.model_dir.PRECISIONS`).
+    ``gguf_sha256``: the GGUF's digest when the caller has checked it already.
+    Progress goes to stderr.
     """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"export_model_dir: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
+    if precision not in PRECISIONS:
+        raise ValueError(f"export_model_dir: precision {precision!r} unknown (known: {', '.join(PRECISIONS)})")
     out = Path(out_dir)
     say = _say if progress else (lambda msg: None)
-    digest = sha256_file(gguf_path)
+    sweep_stale(out)  # what killed exports to this place left behind
+    digest = gguf_sha256 or sha256_file(gguf_path)
     try:
         found = ModelDir.open(out)
-        if found.gguf_sha256 == digest and found.weights == weight_dtype:
+        if found.gguf_sha256 == digest and found.weights == weight_dtype and found.precision == precision:
             return out
-        say(f"{out}: built from another GGUF or weight dtype; rebuilding")
-    except ModelDirError:
-        pass
+        reason = "it holds an export of another GGUF, weight dtype or precision"
+    except ModelDirError as exc:
+        reason = str(exc)
+    check_out_dir(out, force=force)
+    if out.exists():
+        say(f"rebuilding {out}: {reason}")
     t0 = time.perf_counter()
     say(f"reading {gguf_path}")
     reader = open_reader(gguf_path)
     cfg, weights = load_gguf(reader, progress=progress)
     tok = read_tokenizer(reader)
-    say(f"building the decoder graph ({cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab})")
-    model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype)
+    say(f"building the decoder graph ({cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
+    model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision)
     del weights
-    name = reader.fields.get("general.name")
-    source = {"path": str(Path(gguf_path).resolve()), "sha256": digest, "name": None if name is None else name.contents()}
-    write_model_dir(out, cfg, model, tok, source, weight_dtype)
+    source = {"path": str(Path(gguf_path).resolve()), "sha256": digest, "name": model_name(reader)}
+    write_model_dir(out, cfg, model, tok, source, weight_dtype, force=force)
     say(f"exported {out} in {time.perf_counter() - t0:.1f}s")
     return out
 
 
+def check_out_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
+    """Check that an export may be written at ``out``, before any work: absent,
+    an empty directory, or a directory an export wrote (replaced) are fine;
+    anything else is :class:`OutDirError` unless ``force``. The parent must be
+    writable (:class:`~sf_trt.formats.files.NotWritable`). Temporaries of
+    killed exports to ``out`` are removed. Returns ``out`` (a symbolic link
+    resolved: the export replaces what it points to)."""
+    out = Path(out)
+    if out.is_symlink():
+        out = out.resolve()
+    if not force and (out.exists() or out.is_symlink()):
+        if not out.is_dir():
+            raise OutDirError(f"{out}: is a file, not a model directory; refusing to replace it")
+        try:
+            entries = sorted(p.name for p in out.iterdir())
+        except OSError as exc:
+            raise OutDirError(f"{out}: cannot be listed ({exc.strerror or exc})") from None
+        if entries and not made_by_export(out):
+            shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+            raise OutDirError(f"{out}: not empty and not an sf_trt model directory (holds {shown}); refusing to replace it")
+    check_writable_dir(out.parent, "model directory")
+    sweep_stale(out)
+    return out
+
+
 def default_model_dir(
-    cache: Path | None = None, *, progress: bool = True, download: bool = True, weight_dtype: str = DEFAULT_WEIGHTS
+    cache: Path | None = None, *, progress: bool = True, download: bool = True, weight_dtype: str = DEFAULT_WEIGHTS,
+    precision: str = DEFAULT_PRECISION,
 ) -> Path:
     """The default model (:data:`sf_trt.models.DEFAULT_MODEL`) fetched and exported
-    into the cache (built once, then reused); ``weight_dtype`` as for
-    :func:`export_model_dir`."""
+    into the cache (built once, then reused); ``weight_dtype`` and ``precision`` as for
+    :func:`export_model_dir`. A cached export that is intact is used without
+    reading the GGUF; a damaged one is rebuilt from the GGUF, which is checked
+    against its pinned digest first (and fetched again if it does not match)."""
+    out = export_dir(DEFAULT_MODEL.gguf_name, weight_dtype, cache, precision)
+    if os.environ.get("SF_TRT_GGUF") is None:
+        sweep_stale(out)
+        try:
+            found = ModelDir.open(out)
+            if found.gguf_sha256 == DEFAULT_MODEL.sha256 and found.weights == weight_dtype and found.precision == precision:
+                return out
+        except ModelDirError:
+            pass
+        check_out_dir(out)  # writable, before anything is fetched
     gguf = default_gguf_path(cache, progress=progress, download=download)
-    return export_model_dir(gguf, export_dir(gguf, weight_dtype, cache), progress=progress, weight_dtype=weight_dtype)
+    known = DEFAULT_MODEL.sha256 if os.environ.get("SF_TRT_GGUF") is None else None
+    return export_model_dir(
+        gguf, export_dir(gguf, weight_dtype, cache, precision), progress=progress, weight_dtype=weight_dtype,
+        precision=precision, gguf_sha256=known,
+    )
 
 
 def _say(msg: str) -> None:
@@ -94,16 +161,22 @@ def write_model_dir(
     tokenizer: Any = None,
     source: dict[str, Any] | None = None,
     weight_dtype: str = "float32",
+    *,
+    force: bool = False,
 ) -> Path:
     """Write a model directory: the decoder ``model`` (slots form, weights as
     external data), its pass form, the verify graph, ``config.json`` and, when
-    given, the tokenizer files. ``source`` is recorded as ``config.json["gguf"]``.
+    given, the tokenizer files. ``source`` is recorded as ``config.json["gguf"]``,
+    the decoder's precision (its metadata) as ``config.json["precision"]``, and the
+    sha256 of every file as ``config.json["sha256"]``.
 
     Written into a temporary directory beside ``out_dir`` and renamed into
-    place, so an interrupted write never leaves a half-written model behind.
+    place, so an interrupted write never leaves a half-written model behind;
+    ``out_dir`` as :func:`check_out_dir` allows.
     """
     if "lane_ids" not in {i.name for i in model.graph.input}:
         raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
+    precision = graph_precision(model)
 
     def fill(tmp: Path) -> None:
         onnx.save_model(
@@ -119,31 +192,28 @@ def write_model_dir(
         meta = {
             "format": FORMAT_VERSION,
             "llama": cfg.to_dict(),
-            "graph": graph_facts(cfg),
+            "graph": graph_facts(cfg, precision),
             "weights": weight_dtype,
+            "precision": precision,
             "gguf": source or {},
             "files": files + [CONFIG_FILE],
+            "sha256": {name: sha256_file(tmp / name) for name in files},
         }
+        meta["config_sha256"] = config_digest(meta)
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
-    return _write_dir_atomically(Path(out_dir), fill)
+    return _write_dir_atomically(check_out_dir(out_dir, force=force), fill)
 
 
 def _write_dir_atomically(out: Path, fill: Callable[[Path], None]) -> Path:
     """Run ``fill`` on a temporary directory beside ``out``, then rename it over ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    tmp = temp_path(out, "tmp")
+    with removed_on_signal(tmp):
+        tmp.mkdir()
         fill(tmp)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700
-        for p in tmp.iterdir():
+        for p in tmp.iterdir():  # onnx writes external data 0600: every file as the umask says
             os.chmod(p, 0o666 & ~umask)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        replace_dir(tmp, out)
     return out

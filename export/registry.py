@@ -31,7 +31,7 @@ def _decoder() -> onnx.ModelProto:
     from .tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
-    return build_decoder_graph(cfg, random_llama_weights(cfg, seed=0), max_lanes=2, max_context=64)
+    return build_decoder_graph(cfg, random_llama_weights(cfg, seed=0))  # symbolic caches, as an export writes them
 
 
 GRAPHS: dict[str, Callable[[], onnx.ModelProto]] = {

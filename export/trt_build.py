@@ -4,15 +4,17 @@ The build is a chain of small steps, each usable alone:
 
 1. :func:`sf_trt.export.trt_support.check_graph`: refuse what the parser would
    refuse, naming the nodes, before TensorRT is even imported;
-2. :func:`sf_trt.formats.shapes.derive_profiles`: one optimization profile from
-   the graph's named dynamic dims and the :class:`~.trt_config.BuildConfig`;
-3. :func:`build_engine`: network from the ONNX parser, builder config
-   (precision, workspace limit, timing cache), the profile, the serialized
-   engine, then its manifest entry (:mod:`sf_trt.formats.manifest`), the record
-   a runner checks before it deserializes an engine.
+2. :func:`sf_trt.export.trt_config.build_settings`: the settings as data (network
+   and builder flags by name, memory pools, the one fixed profile) from the
+   graph's kind and precision, the shapes and this TensorRT's version;
+3. :func:`build_engine`: network from the ONNX parser, builder config, serialized
+   engine, all as the settings say (this module decides nothing), then the manifest
+   entry (:mod:`sf_trt.formats.manifest`) a runner checks before it deserializes.
 
 Only :func:`build_engine` needs TensorRT (and a GPU); it imports ``tensorrt``
-inside the function. Everything else runs, and is tested, on any CPU.
+inside the function. Everything else runs, and is tested, on any CPU. Every
+``RuntimeError`` TensorRT raises becomes a :class:`~.trt_config.BuildError` naming
+the step and the tensor.
 """
 
 from __future__ import annotations
@@ -23,16 +25,67 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt, trt_dtype_name
 from sf_trt.backends.tensorrt.errors import TensorRTUnavailable
+from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt, trt_dtype_name
 from sf_trt.formats.files import sha256_file
-from sf_trt.formats.manifest import EngineManifest, write_manifest
-from sf_trt.formats.shapes import IOTensor, Profile, ShapeError, derive_profiles, load_graph, onnx_io
+from sf_trt.formats.manifest import BuildSettings, EngineManifest, write_manifest
+from sf_trt.formats.model_dir import graph_precision
+from sf_trt.formats.shapes import IOTensor, Profile, ShapeError, load_graph, onnx_io, profile_of
 
-from .trt_config import BuildConfig, BuildError, precision_for
+from .trt_config import BuildConfig, BuildError, build_settings, graph_kind
 from .trt_support import DEFAULT_MAX_OPSET, check_graph, errors_in, format_findings
 
-__all__ = ["build_engine"]
+__all__ = ["GraphToBuild", "graph_to_build", "build_engine", "serialize_engine"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphToBuild:
+    """A graph checked for a build: what :func:`~.trt_config.build_settings` needs from it,
+    and the engine's one shape."""
+
+    path: Path
+    kind: str
+    precision: str
+    io: tuple[IOTensor, ...]
+    profile: Profile
+    meta: dict[str, str]
+
+
+def graph_to_build(
+    onnx_path: str | os.PathLike, cfg: BuildConfig, *, plugins: Iterable[str] = (), max_opset: int = DEFAULT_MAX_OPSET,
+) -> GraphToBuild:
+    """Everything before TensorRT: the op check, the graph's kind, precision and I/O, its
+    fixed profile under ``cfg``'s shapes. :class:`BuildError` when the parser would refuse a
+    node or a dim has no shape."""
+    onnx_path = Path(onnx_path)
+    try:
+        model = load_graph(onnx_path)
+        found = errors_in(check_graph(model, max_opset=max_opset, plugins=plugins))
+        if found:
+            raise BuildError(f"{onnx_path}: TensorRT's ONNX parser would refuse {len(found)} node(s):\n{format_findings(found)}")
+        io = tuple(onnx_io(model))
+        graph = GraphToBuild(
+            onnx_path, graph_kind(io), graph_precision(model), io, profile_of(io, cfg.limits),
+            {p.key: p.value for p in model.metadata_props},
+        )
+    except (ShapeError, ValueError) as exc:
+        raise BuildError(f"{onnx_path}: {exc}") from None
+    if graph.kind == "decoder":
+        _check_decoder_cache(graph, cfg)
+    return graph
+
+
+def _check_decoder_cache(graph: GraphToBuild, cfg: BuildConfig) -> None:
+    """A decoder whose KV cache the graph fixes must be built with those lanes and that
+    context: every run takes every lane slot (the runtime refuses anything else)."""
+    cache = next(t for t in graph.io if t.name == "past_key_0")
+    lanes, _, slots, _ = cache.shape
+    want = (lanes if isinstance(lanes, int) else cfg.max_lanes, slots - 1 if isinstance(slots, int) else cfg.max_context)
+    if want != (cfg.max_lanes, cfg.max_context):
+        raise BuildError(
+            f"{graph.path}: its KV cache is fixed at {want[0]} lanes x {want[1]} positions; build it with "
+            f"--max-lanes {want[0]} --max-context {want[1]} (got {cfg.max_lanes} and {cfg.max_context})"
+        )
 
 
 def build_engine(
@@ -49,47 +102,24 @@ def build_engine(
     ``out_dir/manifest.json``; returns the manifest entry.
 
     Refuses (:class:`BuildError`) before importing TensorRT when the op check
-    finds anything the parser would reject; needs TensorRT 10+ and a GPU.
+    finds anything the parser would reject; needs a supported TensorRT and a GPU.
     """
     onnx_path = Path(onnx_path)
     name = name or onnx_path.stem
-    try:
-        model = load_graph(onnx_path)
-        found = errors_in(check_graph(model, max_opset=max_opset, plugins=plugins))
-        if found:
-            raise BuildError(f"{onnx_path}: TensorRT's ONNX parser would refuse {len(found)} node(s):\n{format_findings(found)}")
-        profile = derive_profiles(model, cfg)
-        io = onnx_io(model)
-    except ShapeError as exc:
-        raise BuildError(str(exc)) from None
-    meta = {p.key: p.value for p in model.metadata_props}
-    del model
-    cfg = cfg.with_precision(precision_for(name, cfg))
+    graph = graph_to_build(onnx_path, cfg, plugins=plugins, max_opset=max_opset)  # refused before TensorRT is looked for
     try:
         trt = import_tensorrt()
         cc, gpu_name = device_info()
     except TensorRTUnavailable as exc:
         raise BuildError(str(exc)) from None
-
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    if not builder:
-        raise BuildError("trt.Builder could not be created (is a GPU visible to TensorRT?)")
-    network, parser = _parse(trt, builder, logger, onnx_path)  # the parser owns the weights: keep it alive
-    config = _builder_config(trt, builder, cfg, profile)
-    log(f"building {name} ({cfg.precision}) from {onnx_path} ...")
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise BuildError(f"{onnx_path}: build_serialized_network failed (see TensorRT's log above)")
-    del parser
+    settings = build_settings(graph.kind, graph.precision, graph.io, cfg.limits, trt.__version__, workspace_bytes=cfg.workspace_bytes)
+    log(f"building {name} ({settings.kind}, {settings.precision}, shapes {dict(settings.profiles[0].max_dims())}) from {onnx_path} ...")
+    serialized = serialize_engine(trt, onnx_path, settings, timing_cache=cfg.timing_cache)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     engine_path = out / f"{name}.engine"
-    engine_path.write_bytes(memoryview(serialized))
-    if cfg.timing_cache:
-        cache_path = Path(cfg.timing_cache)
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        cache_path.write_bytes(memoryview(config.get_timing_cache().serialize()))
+    engine_path.write_bytes(serialized)
+    logger = trt.Logger(trt.Logger.WARNING)
     entry = EngineManifest(
         name=name,
         engine_file=engine_path.name,
@@ -99,26 +129,64 @@ def build_engine(
         tensorrt_version=str(trt.__version__),
         compute_capability=cc,
         gpu_name=gpu_name,
-        precision=cfg.precision,
-        io=_engine_io(trt, logger, engine_path, io),
-        profiles=(profile,),
-        build={f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
+        io=_engine_io(trt, logger, engine_path, graph.io),
+        settings=settings,
         created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        meta=meta,
+        meta=graph.meta,
     )
     write_manifest(out, entry)
     log(f"  wrote {engine_path} ({engine_path.stat().st_size} bytes)")
     return entry
 
 
-def _parse(trt, builder, logger, onnx_path: Path):
-    """``(network, parser)`` TensorRT's ONNX parser makes of ``onnx_path``; BuildError listing its errors.
-    The parser owns the weights the network points into: keep it until the build is done."""
-    # TensorRT 10: networks are always explicit-batch; flags 0 = weakly typed,
-    # so the precision flags let TensorRT choose fp16/bf16 kernels.
-    network = builder.create_network(0)
+def serialize_engine(trt, onnx_path: str | os.PathLike, settings: BuildSettings, *, timing_cache: str | None = None) -> bytes:
+    """The engine TensorRT builds from the ONNX file at ``onnx_path`` exactly as ``settings``
+    say, serialized; the timing cache (if given) read before and written after. Runs no check
+    of its own: :func:`build_engine` checks the graph first."""
+    onnx_path = Path(onnx_path)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    if not builder:
+        raise BuildError("trt.Builder could not be created (is a GPU visible to TensorRT?)")
+    network, parser = _parse(trt, builder, logger, onnx_path, settings)  # the parser owns the weights: keep it alive
+    config = _builder_config(trt, builder, settings, timing_cache)
+    serialized = _call(lambda: builder.build_serialized_network(network, config), f"{onnx_path}: build_serialized_network")
+    if serialized is None:
+        raise BuildError(f"{onnx_path}: build_serialized_network failed (see TensorRT's log above)")
+    del parser
+    if timing_cache:
+        cache_path = Path(timing_cache)
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cache_path.write_bytes(memoryview(config.get_timing_cache().serialize()))
+    return bytes(memoryview(serialized))
+
+
+def _call(fn, what: str):
+    """``fn()``, a ``RuntimeError`` from TensorRT's bindings becoming a BuildError naming ``what``."""
+    try:
+        return fn()
+    except RuntimeError as exc:
+        raise BuildError(f"{what} raised: {exc}") from None
+
+
+def _enum(trt, enum: str, name: str):
+    """``trt.<enum>.<name>``, or a BuildError saying this TensorRT has no such member."""
+    member = getattr(getattr(trt, enum), name, None)
+    if member is None:
+        raise BuildError(f"TensorRT {trt.__version__} has no {enum}.{name} (the settings were made for another version)")
+    return member
+
+
+def _parse(trt, builder, logger, onnx_path: Path, settings: BuildSettings):
+    """``(network, parser)`` TensorRT's ONNX parser makes of ``onnx_path``, on a network
+    created with the settings' flags; BuildError listing the parser's errors. The parser
+    owns the weights the network points into: keep it until the build is done."""
+    flags = 0
+    for flag in settings.network_flags:
+        flags |= 1 << int(_enum(trt, "NetworkDefinitionCreationFlag", flag))
+    network = _call(lambda: builder.create_network(flags), f"create_network({' | '.join(settings.network_flags) or '0'})")
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(os.fspath(onnx_path)):
+    if not _call(lambda: parser.parse_from_file(os.fspath(onnx_path)), f"{onnx_path}: parse_from_file"):
         errs = []
         for i in range(parser.num_errors):
             e = parser.get_error(i)
@@ -129,30 +197,33 @@ def _parse(trt, builder, logger, onnx_path: Path):
     return network, parser
 
 
-def _builder_config(trt, builder, cfg: BuildConfig, profile: Profile):
-    """The builder config: workspace, precision flags, timing cache, the one profile."""
+def _builder_config(trt, builder, settings: BuildSettings, timing_cache: str | None):
+    """The builder config as the settings say: memory pools, flags set and cleared, the profile;
+    and the timing cache."""
     config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, cfg.workspace_bytes)
-    if cfg.precision == "fp16":
-        config.set_flag(trt.BuilderFlag.FP16)
-    elif cfg.precision == "bf16":
-        config.set_flag(trt.BuilderFlag.BF16)
-    if cfg.timing_cache:
-        cache_path = Path(cfg.timing_cache)
-        cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
+    for pool, size in settings.memory_pools:
+        _call(lambda: config.set_memory_pool_limit(_enum(trt, "MemoryPoolType", pool), size), f"set_memory_pool_limit({pool}, {size})")
+    for flag in settings.builder_flags_set:
+        config.set_flag(_enum(trt, "BuilderFlag", flag))
+    for flag in settings.builder_flags_cleared:
+        config.clear_flag(_enum(trt, "BuilderFlag", flag))
+    if timing_cache:
+        cache_path = Path(timing_cache)
+        cache = _call(lambda: config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b""), "create_timing_cache")
         if not config.set_timing_cache(cache, False):  # ignore_mismatch=False
             raise BuildError(f"timing cache {os.fspath(cache_path)!r} was rejected (built by another TensorRT or GPU?); delete it")
-    trt_profile = builder.create_optimization_profile()
-    for input_name, (lo, mid, hi) in profile.inputs.items():
-        trt_profile.set_shape(input_name, lo, mid, hi)
-    if config.add_optimization_profile(trt_profile) < 0:
-        raise BuildError(f"TensorRT refused the optimization profile {profile.to_json()['inputs']}")
+    for profile in settings.profiles:
+        trt_profile = builder.create_optimization_profile()
+        for input_name, (lo, mid, hi) in profile.inputs.items():
+            _call(lambda: trt_profile.set_shape(input_name, lo, mid, hi), f"optimization profile set_shape({input_name!r}, {list(lo)}, {list(mid)}, {list(hi)})")
+        if config.add_optimization_profile(trt_profile) < 0:
+            raise BuildError(f"TensorRT refused the optimization profile {profile.to_json()['inputs']}")
     return config
 
 
-def _engine_io(trt, logger, engine_path: Path, io: list[IOTensor]) -> tuple[IOTensor, ...]:
+def _engine_io(trt, logger, engine_path: Path, io: tuple[IOTensor, ...]) -> tuple[IOTensor, ...]:
     """The engine's I/O as TensorRT sees it (names, dtypes), shapes with the graph's dim names."""
-    engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
+    engine = _call(lambda: trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes()), f"{engine_path}: deserialize_cuda_engine")
     if engine is None:
         raise BuildError(f"{engine_path}: the engine just built does not deserialize")
     onnx_shapes = {t.name: t.shape for t in io}

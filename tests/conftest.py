@@ -120,6 +120,16 @@ def tiny_int8_model_dir(tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_fp16_model_dir(tiny, tmp_path_factory):
+    """The tiny model exported with fp16 compute (weights, matmuls and KV cache in float16)."""
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
+
+    cfg, weights = tiny
+    return write_model_dir(tmp_path_factory.mktemp("tiny16") / "model", cfg, build_decoder_graph(cfg, weights, precision="fp16"))
+
+
+@pytest.fixture(scope="session")
 def tiny_mha_model_dir(tmp_path_factory):
     """A tiny model without GQA (n_heads == n_kv_heads): attention has M = T query rows."""
     from sf_trt.export.decoder_graph import build_decoder_graph
@@ -158,6 +168,14 @@ def real_int8_model_dir(real_gguf):
     from sf_trt.export.pipeline import default_model_dir
 
     return default_model_dir(progress=False, weight_dtype="int8")
+
+
+@pytest.fixture(scope="session")
+def real_fp16_model_dir(real_gguf):
+    """The real model exported with fp16 compute (float32 weights rounded to float16)."""
+    from sf_trt.export.pipeline import default_model_dir
+
+    return default_model_dir(progress=False, weight_dtype="float32", precision="fp16")
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
     python tools/bench_executor.py [--ticks 20] [--json bench_executor.json]
 
 Part 1 runs the copy-model fake through the Executor at 1, 8 and 32 lanes (half
-of them speculating) and splits each tick's wall time into the time spent
+of them speculating, a quarter sampled), then at 8 and 32 lanes all sampled
+(Gumbel, temperature 0.8, top-p 0.95), and splits each tick's wall time into the time spent
 inside the primitives (onnxruntime: forward and verify-and-sample) and the rest,
 which is the executor's own (plan check, drafting, packing, accept, rollback,
 emit). Part 2 times prompt-lookup drafting per token (append one token, propose
@@ -62,7 +63,7 @@ class TimedPrimitives:
         return self._inner.state_len(lane)
 
 
-def bench_lanes(num_lanes: int, ticks: int, per_tick: int) -> dict:
+def bench_lanes(num_lanes: int, ticks: int, per_tick: int, all_sampled: bool = False) -> dict:
     cfg = FakeConfig(vocab=512, eos=511, copy_model=True, copy_miss_every=7, verify_rows=True,
                      max_lanes=num_lanes, max_context=4096, max_rows_per_pass=max(64, num_lanes * 10))
     prims = TimedPrimitives(FakePrimitives(cfg))
@@ -75,7 +76,8 @@ def bench_lanes(num_lanes: int, ticks: int, per_tick: int) -> dict:
         prompt = (phrase * 8)[:80]
         pid = ex.register_prompt(prompt)
         params = SamplingParams(temperature=0.8, top_p=0.95, flags=SamplingFlag.IGNORE_EOS)
-        plan.admit(lane, pid, strategy_slot=slot if lane % 2 == 0 else 0, sampling=Sampling.GPU_GUMBEL if lane % 4 == 3 else Sampling.GPU_GREEDY,
+        gumbel = all_sampled or lane % 4 == 3
+        plan.admit(lane, pid, strategy_slot=slot if lane % 2 == 0 else 0, sampling=Sampling.GPU_GUMBEL if gumbel else Sampling.GPU_GREEDY,
                    params=params, rng_counter_base=lane).prefill(lane, 0, len(prompt))
     ex.tick(plan)
     prims.seconds, prims.passes = 0.0, 0
@@ -90,7 +92,7 @@ def bench_lanes(num_lanes: int, ticks: int, per_tick: int) -> dict:
     wall = time.perf_counter() - t0
     own = wall - prims.seconds
     return {
-        "lanes": num_lanes, "ticks": ticks, "tokens": tokens, "passes": prims.passes,
+        "lanes": num_lanes, "sampled": "all" if all_sampled else "1/4", "ticks": ticks, "tokens": tokens, "passes": prims.passes,
         "wall_ms_per_tick": 1e3 * wall / ticks,
         "backend_ms_per_pass": 1e3 * prims.seconds / prims.passes,
         "executor_ms_per_pass": 1e3 * own / prims.passes,
@@ -124,13 +126,15 @@ def main(argv=None) -> int:
     ap.add_argument("--ticks", type=int, default=20, help="decode ticks per lane count (default 20)")
     ap.add_argument("--per-tick", type=int, default=16, help="tokens per lane per tick (default 16)")
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 8, 32], help="lane counts (default 1 8 32)")
+    ap.add_argument("--sampled-lanes", type=int, nargs="*", default=[8, 32], help="lane counts run with every lane sampled (default 8 32)")
     ap.add_argument("--json", type=Path, default=Path("bench_executor.json"), help="where to write the results")
     args = ap.parse_args(argv)
 
     lane_rows = [bench_lanes(n, args.ticks, args.per_tick) for n in args.lanes]
-    print(f"{'lanes':>5} {'tokens':>7} {'passes':>6} {'tick ms':>8} {'onnxruntime ms/pass':>20} {'executor ms/pass':>17} {'executor us/token':>18} {'executor share':>15}")
+    lane_rows += [bench_lanes(n, args.ticks, args.per_tick, all_sampled=True) for n in args.sampled_lanes]
+    print(f"{'lanes':>5} {'sampled':>7} {'tokens':>7} {'passes':>6} {'tick ms':>8} {'onnxruntime ms/pass':>20} {'executor ms/pass':>17} {'executor us/token':>18} {'executor share':>15}")
     for r in lane_rows:
-        print(f"{r['lanes']:>5} {r['tokens']:>7} {r['passes']:>6} {r['wall_ms_per_tick']:>8.2f} {r['backend_ms_per_pass']:>20.3f} "
+        print(f"{r['lanes']:>5} {r['sampled']:>7} {r['tokens']:>7} {r['passes']:>6} {r['wall_ms_per_tick']:>8.2f} {r['backend_ms_per_pass']:>20.3f} "
               f"{r['executor_ms_per_pass']:>17.3f} {r['executor_us_per_token']:>18.1f} {100 * r['executor_share']:>14.0f}%")
     draft_rows = [bench_drafting(n, 20000) for n in (1024, 32768)]
     print()

@@ -6,7 +6,8 @@ a pass comes out bit-identical whatever else shares the pass. This module packs 
 layout and keeps the KV cache on the host:
 
 * the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
-  max_context + 1, head_dim]`` float32 (position ``max_context`` of each lane is
+  max_context + 1, head_dim]`` of the decoder's compute type (float32, or float16 for
+  an fp16 export; position ``max_context`` of each lane is
   the trash slot padding rows write to), allocated once. A run's lanes are
   sorted by slot; when their slots are contiguous (the usual case: keep a
   batch's lanes in slots ``0..n-1``) each layer's input is an OrtValue over a
@@ -45,6 +46,10 @@ from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
 __all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
+
+
+_CACHE_TYPES = {"fp32": np.float32, "fp16": np.float16}
+"""The KV cache's numpy type by the decoder's precision, for the precisions onnxruntime runs."""
 
 
 def _bad(what: str) -> StatusError:
@@ -87,6 +92,12 @@ class OrtDecoderPrimitives(PrimitivesBase):
         except ModelDirError as exc:
             raise _bad(str(exc)) from None
         cfg = model.config
+        if model.precision not in _CACHE_TYPES:
+            raise StatusError(
+                Status.UNSUPPORTED,
+                f"OrtDecoderPrimitives: {model.path} holds a {model.precision} decoder, which onnxruntime's CPU kernels do "
+                f"not run (no bfloat16 MatMul); export it with --precision {' or '.join(_CACHE_TYPES)} for onnxruntime",
+            )
         if not 1 <= max_lanes:
             raise _bad(f"max_lanes must be >= 1 (got {max_lanes})")
         if not 2 <= max_context <= model.max_positions:
@@ -113,6 +124,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
         """Graph runs so far (a forward call may make several)."""
         self.providers = list(providers) if providers else ["CPUExecutionProvider"]
         self.weight_dtype = model.weights
+        self.precision = model.precision
         self.cache_inputs = cache_inputs
         self._session = open_session(
             model.graph_file(cache_inputs), threads=threads, optimization=optimization, providers=self.providers,
@@ -122,6 +134,10 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
 
     def _session_config(self, optimization: str) -> dict[str, str]:
+        if self.precision == "fp16" and optimization != "all":
+            # Measured (tests/backends/test_row_independence.py): below ORT_ENABLE_ALL an fp16
+            # graph's matmuls run in forms whose row results depend on the rows beside them.
+            raise _bad(f"optimization {optimization!r} with an fp16 decoder: rows would not be exact (use 'all')")
         if self.weight_dtype != "int8":
             return {}
         # DequantizeLinear -> MatMul is fused into onnxruntime's 8-bit kernel only from
@@ -138,8 +154,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
 
         cfg, caps = self.config, self.capabilities
         shape = (cfg.n_layers, caps.max_lanes, cfg.n_kv_heads, caps.max_context + 1, cfg.head_dim)
-        self._keys = np.zeros(shape, np.float32)
-        self._values = np.zeros(shape, np.float32)
+        dtype = _CACHE_TYPES[self.precision]
+        self._keys = np.zeros(shape, dtype)
+        self._values = np.zeros(shape, dtype)
         self._binding = self._session.io_binding()
         self._ort = ort
         self._views: dict[tuple[int, int], list] = {}  # (first slot, lanes) -> OrtValues of that range

@@ -9,9 +9,11 @@ variants and runs, per call, the cheapest one that covers every row:
 * otherwise the full graph.
 
 Each variant draws bit-for-bit what the full graph draws on the rows it covers
-(``tests/test_verify_graph.py`` checks it), so which one ran, which depends on the
+(``tests/backends/test_ort_sampler.py`` checks it), so which one ran, which depends on the
 other rows of the batch, never changes a row's token (SPEC behaviour 3).
-Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts.
+Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts
+(:func:`sf_trt.graphs.verify.sample_feeds`: the fields, and the row's noise keys from its
+``rng_key`` and ``position``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,6 @@ from ..graphs import verify as _verify
 from ..primitives import SampleRows
 
 __all__ = ["OrtVerifySampler"]
-
-_DTYPES = {
-    "mode": np.int64, "temperature": np.float32, "top_p": np.float32, "top_k": np.int64,
-    "rng_key": np.int64, "position": np.int64, "draft": np.int64,
-}
 
 
 class OrtVerifySampler:
@@ -70,10 +67,9 @@ class OrtVerifySampler:
         k = sample.num_rows
         if k == 0:
             return np.zeros(0, np.int64), np.zeros(0, bool)
-        feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32)}
-        for name in _verify.SAMPLE_INPUTS:
-            feeds[name] = np.ascontiguousarray(getattr(sample, name), dtype=_DTYPES[name])
         which = self.session_for(sample)
+        # the greedy graph reads no noise: skip hashing the rows' keys for it
+        feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **_verify.sample_feeds(sample, noise=which != "greedy")}
         if which == "greedy":
             sess = self._greedy
         else:

@@ -4,13 +4,25 @@ A model directory holds one exported model, whatever made it (``sf-trt export``
 or the first ``sf-trt generate``)::
 
     config.json              FORMAT_VERSION, the LlamaConfig ("llama"), the graph's
-                             facts ("graph"), the weight dtype ("weights"), the GGUF
+                             facts ("graph"), the weight dtype ("weights"), the
+                             precision of the decoder's compute ("precision"), the GGUF
                              it came from ("gguf": path, sha256, name), the file list
+                             ("files"), each file's sha256 ("sha256") and its own
+                             ("config_sha256", over the rest of config.json)
     decoder.onnx             the decoder, "slots" form (TensorRT builds from it)
     decoder_pass.onnx        the decoder, "pass" form (onnxruntime on the CPU runs it)
     decoder.onnx.data        their shared weights (ONNX external data)
     verify.onnx              the verify-and-sample graph for the model's vocabulary
     tokenizer.json, tokenizer_config.json, chat_template.jinja   (sf_trt.tokenizer)
+
+**Integrity.** :meth:`ModelDir.open` refuses a directory whose files differ
+from the digests recorded at export, naming the file. A file is hashed the
+first time it is checked and again whenever its size, mtime, ctime, inode or
+device change; in between, the digest kept in ``.sf_trt-verified.json``
+(:class:`~sf_trt.formats.files.DigestStamps`) stands for it, so a normal run
+stats the files instead of reading 250-500 MB. (A change that keeps all five,
+which takes deliberately resetting the clock, is not seen; a read-only
+directory keeps no stamps and is hashed on every open.)
 
 The decoder graph's inputs and outputs are named here (:data:`INPUTS`,
 :data:`OUTPUTS`, :func:`cache_names`); ``sf_trt.export`` builds graphs with these
@@ -20,6 +32,7 @@ names and the backends feed them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,14 +40,20 @@ from typing import Any
 
 import numpy as np
 
+from .files import STAMPS_NAME, DigestStamps
+
 __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
     "INPUTS", "OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
-    "cache_names", "graph_facts", "LlamaConfig", "ModelDir", "ModelDirError",
+    "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
+    "MAX_CONTEXT_LENGTH", "cache_names", "graph_facts", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
+    "ModelDirError",
 ]
 
-FORMAT_VERSION = 5
-"""Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always there)."""
+FORMAT_VERSION = 8
+"""Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always
+there; 6: digests of every file, or the exact hash, on two branches; 7: both; 8: the decoder's
+precision, its dim ``rows_per_lane``)."""
 CONFIG_FILE = "config.json"
 GRAPH_FILE = "decoder.onnx"
 PASS_GRAPH_FILE = "decoder_pass.onnx"
@@ -51,6 +70,23 @@ PADDING_POSITION = "max_context"
 WEIGHT_DTYPES = ("float32", "int8")
 DEFAULT_WEIGHTS = "int8"
 """What the CPU path exports by default: a quarter of the weight bytes per pass, rows still exact."""
+PRECISIONS = ("fp32", "fp16", "bf16")
+"""The decoder's compute precision: the type of its weights, matmuls and KV cache
+(``sf_trt.export.decoder_graph``, *Precision*); the verify graph and the copy model are fp32."""
+DEFAULT_PRECISION = "fp32"
+PRECISION_KEY = "sf_trt.precision"
+"""The metadata key under which a graph records its precision (absent: fp32)."""
+MAX_CONTEXT_LENGTH = 1 << 20
+"""The longest context a model may declare (the graphs hold tables of that many positions)."""
+
+
+def graph_precision(model: Any) -> str:
+    """The precision an ONNX graph records (:data:`PRECISION_KEY`; fp32 when it records none).
+    ``ValueError`` for a value outside :data:`PRECISIONS`."""
+    found = next((p.value for p in model.metadata_props if p.key == PRECISION_KEY), DEFAULT_PRECISION)
+    if found not in PRECISIONS:
+        raise ValueError(f"graph metadata {PRECISION_KEY!r} is {found!r}; expected one of {', '.join(PRECISIONS)}")
+    return found
 
 
 def cache_names(layer: int) -> tuple[str, str]:
@@ -86,17 +122,25 @@ class LlamaConfig:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"LlamaConfig: {name} must be a positive int (got {value!r})")
             object.__setattr__(self, name, int(value))
+        if self.context_length > MAX_CONTEXT_LENGTH:
+            raise ValueError(f"LlamaConfig: context_length {self.context_length} exceeds {MAX_CONTEXT_LENGTH}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"LlamaConfig: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"LlamaConfig: head_dim must be even for rotary embeddings (got {self.head_dim})")
-        if not (self.rope_theta > 0 and self.rms_eps > 0):
+        for name in ("rope_theta", "rms_eps"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float, np.floating, np.integer)):
+                raise ValueError(f"LlamaConfig: {name} must be a number (got {getattr(self, name)!r})")
+        if not (np.isfinite(self.rope_theta) and np.isfinite(self.rms_eps) and self.rope_theta > 0 and self.rms_eps > 0):
             raise ValueError(f"LlamaConfig: rope_theta and rms_eps must be > 0 (got {self.rope_theta}, {self.rms_eps})")
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "rms_eps", float(self.rms_eps))
         object.__setattr__(self, "tied_embeddings", bool(self.tied_embeddings))
         for name in ("bos", "eos"):
-            value = int(getattr(self, name))
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"LlamaConfig: {name} must be an int (got {value!r})")
+            value = int(value)
             if not 0 <= value < self.vocab:
                 raise ValueError(f"LlamaConfig: {name} token {value} outside 0..{self.vocab - 1}")
             object.__setattr__(self, name, value)
@@ -111,6 +155,8 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"LlamaConfig.from_dict: expected an object, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         missing = names - set(d)
         if missing:
@@ -128,27 +174,52 @@ class ModelDir:
     config: LlamaConfig
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "ModelDir":
-        """Read ``config.json`` and check the format and that every listed file is there."""
+    def open(cls, path: str | os.PathLike, *, verify: bool = True) -> "ModelDir":
+        """Read ``config.json``, check its format, its own digest and that every
+        listed file is there; with ``verify`` (the default) also that every file
+        matches the digest recorded at export (see *Integrity* above).
+        :class:`ModelDirError` names the file and what is wrong."""
         d = Path(path)
+        if not d.is_dir():
+            raise ModelDirError(f"{d}: {'not a directory' if d.exists() else 'no such directory'} (expected a model directory written by `sf-trt export`)")
         cfg_path = d / CONFIG_FILE
         if not cfg_path.is_file():
             raise ModelDirError(f"{d}: no {CONFIG_FILE} (expected a model directory written by `sf-trt export`)")
-        try:
-            meta = json.loads(cfg_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelDirError(f"{cfg_path}: not readable JSON ({exc})") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-            raise ModelDirError(f"{cfg_path}: format {found!r}, expected {FORMAT_VERSION} (re-export the model)")
-        for name in meta.get("files", []):
+        meta = _read_config(cfg_path)
+        for name in meta["files"]:
             if not (d / name).is_file():
-                raise ModelDirError(f"{d}: {name} is missing (the export is incomplete)")
+                raise ModelDirError(f"{d}: {name} is missing (the export is incomplete; re-export the model)")
         try:
             config = LlamaConfig.from_dict(meta["llama"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelDirError(f"{cfg_path}: no usable \"llama\" config ({exc})") from None
-        return cls(d, meta, config)
+        found = cls(d, meta, config)
+        if verify:
+            found.verify()
+        return found
+
+    def verify(self) -> None:
+        """Check every file against the digest recorded at export (hashing only the
+        files whose stat facts changed since they last matched)."""
+        stamps = DigestStamps(self.path)
+        damaged = []
+        try:
+            for name, expected in sorted(self.meta["sha256"].items()):
+                try:
+                    digest = stamps.sha256(name)
+                except OSError as exc:
+                    raise ModelDirError(f"{self.path / name}: cannot be read ({exc.strerror or exc})") from None
+                if digest != expected:
+                    stamps.forget(name)
+                    damaged.append(name)
+        finally:
+            stamps.save()
+        if damaged:
+            more = f" (and {len(damaged) - 1} more: {', '.join(damaged[1:])})" if len(damaged) > 1 else ""
+            raise ModelDirError(
+                f"{self.path / damaged[0]}: sha256 differs from the digest recorded at export{more}; "
+                "the file is damaged or was changed (re-export the model with `sf-trt export`)"
+            )
 
     @property
     def weights(self) -> str:
@@ -156,13 +227,18 @@ class ModelDir:
         return self.meta.get("weights", "float32")
 
     @property
+    def precision(self) -> str:
+        """The decoder's compute precision (:data:`PRECISIONS`)."""
+        return self.meta["precision"]
+
+    @property
     def max_positions(self) -> int:
         """The longest context the graphs take (the model's context length)."""
-        return int(self.meta.get("graph", {}).get("max_positions", self.config.context_length))
+        return int(self.meta["graph"].get("max_positions", self.config.context_length))
 
     @property
     def gguf_sha256(self) -> str | None:
-        return self.meta.get("gguf", {}).get("sha256")
+        return self.meta["gguf"].get("sha256")
 
     def graph_file(self, cache_inputs: str) -> Path:
         """The decoder graph of form ``cache_inputs`` (:data:`CACHE_INPUTS`)."""
@@ -171,19 +247,83 @@ class ModelDir:
         return self.path / (PASS_GRAPH_FILE if cache_inputs == "pass" else GRAPH_FILE)
 
 
-def graph_facts(cfg: LlamaConfig) -> dict[str, Any]:
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX64
+
+
+def config_digest(meta: dict[str, Any]) -> str:
+    """The sha256 of ``config.json``'s content other than ``"config_sha256"``
+    (canonical JSON: sorted keys, no spaces), which records it."""
+    body = {k: v for k, v in meta.items() if k != "config_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _read_config(cfg_path: Path) -> dict[str, Any]:
+    """``config.json`` parsed and its structure checked: the format, the file
+    list, the digests (of the files and of itself), the sections' types."""
+    try:
+        meta = json.loads(cfg_path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ModelDirError(f"{cfg_path}: not readable JSON ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ModelDirError(f"{cfg_path}: format {found!r}, expected {FORMAT_VERSION} (re-export the model)")
+
+    def bad(what: str) -> ModelDirError:
+        return ModelDirError(f"{cfg_path}: {what} (damaged; re-export the model)")
+
+    if meta.get("config_sha256") != config_digest(meta):
+        raise bad("its content differs from the digest it records (config_sha256)")
+    files, digests = meta.get("files"), meta.get("sha256")
+    if not isinstance(files, list) or not all(isinstance(n, str) and n and n == Path(n).name and n not in (".", "..") for n in files):
+        raise bad('"files" is not a list of file names')
+    if not isinstance(digests, dict) or set(digests) != set(files) - {CONFIG_FILE} or not all(map(_is_sha256, digests.values())):
+        raise bad('"sha256" does not hold one sha256 per listed file')
+    for key in ("llama", "graph", "gguf"):
+        if not isinstance(meta.get(key), dict):
+            raise bad(f"{key!r} is not an object")
+    if meta.get("weights") not in WEIGHT_DTYPES:
+        raise bad(f"weights {meta.get('weights')!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
+    if meta.get("precision") not in PRECISIONS:
+        raise bad(f"precision {meta.get('precision')!r} unknown (known: {', '.join(PRECISIONS)})")
+    positions = meta["graph"].get("max_positions", 2)
+    if isinstance(positions, bool) or not isinstance(positions, int) or not 2 <= positions <= MAX_CONTEXT_LENGTH:
+        raise bad(f"graph max_positions {positions!r} is not a context length")
+    return meta
+
+
+def made_by_export(path: str | os.PathLike) -> bool:
+    """Whether directory ``path`` holds only what an sf_trt export wrote: its
+    ``config.json`` lists every other entry (any format version), or it is the
+    digest stamps. Such a directory may be replaced by a new export."""
+    d = Path(path)
+    try:
+        meta = json.loads((d / CONFIG_FILE).read_bytes().decode("utf-8"))
+        entries = {p.name for p in d.iterdir()}
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    if not isinstance(meta, dict) or not isinstance(meta.get("format"), int) or not isinstance(meta.get("files"), list):
+        return False
+    return entries <= {n for n in meta["files"] if isinstance(n, str)} | {CONFIG_FILE, STAMPS_NAME}
+
+
+def graph_facts(cfg: LlamaConfig, precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
     """What ``config.json["graph"]`` records about the decoder graphs."""
     from ..graphs.builder import OPSET
 
+    cache_type = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
     return {
         "opset": OPSET,
         "graphs": {GRAPH_FILE: "slots", PASS_GRAPH_FILE: "pass"},
         "inputs": list(INPUTS) + ["past_key_{i}", "past_value_{i}"],
         "outputs": list(OUTPUTS),
-        "cache_layout": "[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] float32; position max_context is the trash slot",
-        "new_kv_layout": "[n_layers, 2 (key, value), batch, rows, n_kv_heads, head_dim] float32",
+        "cache_layout": f"[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] {cache_type}; position max_context is the trash slot",
+        "new_kv_layout": f"[n_layers, 2 (key, value), batch, rows_per_lane, n_kv_heads, head_dim] {cache_type}",
         "padding_position": PADDING_POSITION,
         "rope": "interleaved pairs (GGUF q/k row order)",
         "max_positions": cfg.context_length,
-        "dynamic_dims": ["batch", "rows", "logit_rows", "max_lanes", "cache_len"],
+        "dynamic_dims": ["batch", "rows_per_lane", "logit_rows", "max_lanes", "cache_len"],
     }

@@ -1,92 +1,93 @@
-"""Engine I/O shapes: the names of dynamic dims, what bounds them, and profiles.
+"""Engine I/O shapes: the names of dims, the one shape every pass has, and profiles.
 
 Graph authors name every dynamic dim with a name from :data:`DIM_ROLES`; its
-role says what bounds it: :class:`ShapeLimits` (rows per pass, lanes, context)
-for the dims that vary per pass, and the state's own size for the fixed ones.
-``sf-trt build`` derives each engine's optimization profile from these names
-(:func:`derive_profiles`) and records it in the manifest; the TensorRT backend
-sizes its device buffers from the same profile.
+role says what sizes it: :class:`ShapeLimits` (lanes, rows per lane, context) for
+the dims of a pass, and the state's own size for the state buffers. Every engine
+sf_trt builds takes **one shape**: its optimization profile is fixed (min = opt =
+max) and the runtime pads every pass to it and splits what does not fit, so a row
+is always computed by the same engine on the same shapes, whatever else shares its
+pass (docs/tensorrt.md, "Rows bit-identical"). ``sf-trt build`` derives each
+engine's profile from these names (:func:`derive_profiles`, :func:`profile_of`) and
+records it in the manifest; the TensorRT backend sizes its buffers from it and
+refuses an engine whose profile is not fixed (:meth:`Profile.unfixed`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import onnx
 
 __all__ = [
-    "ShapeError", "ShapeLimits", "DIM_ROLES", "ROLE_LIMITS", "FIXED_ROLES",
-    "IOTensor", "onnx_io", "Profile", "derive_profiles",
+    "ShapeError", "ShapeLimits", "DIM_ROLES", "ROLES",
+    "IOTensor", "onnx_io", "Profile", "derive_profiles", "profile_of",
 ]
 
 
 class ShapeError(ValueError):
-    """A graph's I/O or a shape limit that cannot be used; the message says what was expected."""
+    """A graph's I/O or a shape that cannot be used; the message says what was expected."""
 
 
-# The one table from a graph's dim names to what bounds them. Graph authors:
-# name a dynamic dim with one of these; a dim named otherwise is refused by
-# derive_profiles. In use: the verify graph and the copy model "rows"; the
-# decoder "batch", "rows" (rows per lane), "logit_rows", and, when exported with
-# symbolic caches, "max_lanes" and "cache_len" (= max_context + 1).
+# The one table from a graph's dim names to what sizes them. Graph authors: name a
+# dynamic dim with one of these; a dim named otherwise is refused by profile_of. In
+# use: the verify graph and the copy model "rows"; the decoder "batch",
+# "rows_per_lane", "logit_rows", and, when exported with symbolic caches,
+# "max_lanes" and "cache_len" (= max_context + 1).
 DIM_ROLES: dict[str, str] = {
-    # rows of one forward pass (the decoder: rows per lane), and the logit rows it returns
+    # rows of one run of a row-flat graph (verify, copy model), and the decoder's logit rows
     "rows": "rows_per_pass", "R": "rows_per_pass", "num_rows": "rows_per_pass",
     "logit_rows": "rows_per_pass", "K": "rows_per_pass",
-    # lanes in a pass
+    # the decoder's rows of each lane in one run
+    "rows_per_lane": "rows_per_lane",
+    # lanes in a run
     "lanes": "lanes", "B": "lanes", "batch": "lanes", "num_lanes": "lanes",
     # positions of a lane's state
     "context": "context", "T": "context", "ctx": "context", "past": "context", "kv_len": "context",
-    # the state's own size (fixed: min = opt = max)
+    # the state's own size
     "max_lanes": "lane_slots", "cache_len": "cache_len",
 }
-ROLE_LIMITS = ("rows_per_pass", "lanes", "context")
-"""Roles bounded by ``ShapeLimits.max_<role>`` (min 1)."""
-FIXED_ROLES = {
+ROLES = {
+    "rows_per_pass": lambda limits: limits.rows_per_pass,
+    "rows_per_lane": lambda limits: limits.rows_per_lane,
+    "lanes": lambda limits: limits.max_lanes,
+    "context": lambda limits: limits.max_context,
     "lane_slots": lambda limits: limits.max_lanes,
     "cache_len": lambda limits: limits.max_context + 1,  # one trash slot past the last position
 }
-"""Roles of state-buffer dims: exactly this size in every profile."""
+"""Role -> its size under a :class:`ShapeLimits`."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ShapeLimits:
-    """The largest pass an engine takes, and the shapes its kernels are tuned for.
+    """The one shape of every run of an engine.
 
-    ``max_rows_per_pass``, ``max_lanes``, ``max_context`` bound the dims by role
-    (:data:`DIM_ROLES`); the ``opt_*`` points are the shapes TensorRT tunes
-    kernels for (defaults: rows = lanes = ``max_lanes``, one decode row per lane;
-    context = ``max_context``).
+    ``max_lanes``: lanes in a run, which is also the state's lane slots (a lane
+    sits at its own slot in every run); ``rows_per_lane``: the decoder's rows of
+    each lane in a run (a plain decode step uses 1, a verify pass 1 + the draft; a
+    lane with more is split across runs); ``max_context``: positions per lane.
+    The row-flat graphs (verify, copy model) and the decoder's logit rows take
+    :attr:`rows_per_pass` = ``max_lanes * rows_per_lane`` rows a run.
     """
 
-    max_rows_per_pass: int = 256
     max_lanes: int = 8
+    rows_per_lane: int = 16
     max_context: int = 2048
-    opt_rows_per_pass: int | None = None
-    opt_lanes: int | None = None
-    opt_context: int | None = None
 
     def __post_init__(self) -> None:
-        for role in ROLE_LIMITS:
-            top = getattr(self, f"max_{role}")
-            if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-                raise ShapeError(f"{type(self).__name__}: max_{role} must be an int >= 1 (got {top!r})")
-            opt = getattr(self, f"opt_{role}")
-            if opt is not None and (isinstance(opt, bool) or not isinstance(opt, int) or not 1 <= opt <= top):
-                raise ShapeError(f"{type(self).__name__}: opt_{role} must be an int in 1..max_{role}={top} (got {opt!r})")
+        for name in ("max_lanes", "rows_per_lane", "max_context"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ShapeError(f"{type(self).__name__}: {name} must be an int >= 1 (got {value!r})")
 
-    def limits(self, role: str) -> tuple[int, int, int]:
-        """``(min, opt, max)`` of a dim with this role."""
-        if role in FIXED_ROLES:  # a state buffer's size: allocated once, never varies
-            n = FIXED_ROLES[role](self)
-            return n, n, n
-        top = getattr(self, f"max_{role}")
-        opt = getattr(self, f"opt_{role}")
-        if opt is None:
-            opt = min(self.max_lanes, top) if role == "rows_per_pass" else top
-        return 1, opt, top
+    @property
+    def rows_per_pass(self) -> int:
+        return self.max_lanes * self.rows_per_lane
+
+    def size(self, role: str) -> int:
+        """The size of a dim with this role (:data:`ROLES`)."""
+        return ROLES[role](self)
 
 
 _ONNX_DTYPE = {
@@ -169,7 +170,8 @@ class Profile:
 
     ``dims``: dim name -> ``(min, opt, max)``; ``inputs``: each input with a
     dynamic dim -> ``(min_shape, opt_shape, max_shape)``; ``static``: inputs
-    whose shape is fixed.
+    whose shape is fixed in the graph. sf_trt builds only fixed profiles
+    (min = opt = max); :meth:`unfixed` names the dims of any other.
     """
 
     dims: dict[str, tuple[int, int, int]]
@@ -178,6 +180,11 @@ class Profile:
 
     def max_dims(self) -> dict[str, int]:
         return {name: rng[2] for name, rng in self.dims.items()}
+
+    def unfixed(self) -> list[str]:
+        """What is not fixed: each dim and input whose min, opt and max differ (empty: a fixed profile)."""
+        out = [f"{name} {lo}..{hi}" for name, (lo, mid, hi) in self.dims.items() if not lo == mid == hi]
+        return out + [f"input {name} {list(lo)}..{list(hi)}" for name, (lo, mid, hi) in self.inputs.items() if not lo == mid == hi]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -195,33 +202,41 @@ class Profile:
         )
 
 
-def derive_profiles(graph: onnx.ModelProto | str | os.PathLike, limits: ShapeLimits) -> Profile:
-    """The optimization profile of ``graph`` under ``limits``.
-
-    Each dynamic dim of each input is named; its name's role in
-    :data:`DIM_ROLES` gives its ``(min, opt, max)`` from ``limits``. Raises
-    :class:`ShapeError` naming the input and dim when a name has no role.
-    """
+def profile_of(io: Iterable[IOTensor], limits: ShapeLimits) -> Profile:
+    """The fixed profile of an engine with I/O ``io`` under ``limits``: each dynamic dim
+    of each input is named, and its name's role in :data:`DIM_ROLES` sizes it. Raises
+    :class:`ShapeError` naming the input and dim when a name has no role."""
     dims: dict[str, tuple[int, int, int]] = {}
     inputs: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
     static: dict[str, tuple[int, ...]] = {}
-    for t in onnx_io(graph):
+    for t in io:
         if t.mode != "input":
             continue
         if all(isinstance(d, int) for d in t.shape):
             static[t.name] = tuple(int(d) for d in t.shape)
             continue
-        ranges = [(d, d, d) if isinstance(d, int) else dims.setdefault(d, limits.limits(_role(t.name, k, d))) for k, d in enumerate(t.shape)]
-        inputs[t.name] = tuple(tuple(r[i] for r in ranges) for i in range(3))  # type: ignore[assignment]
+        shape = []
+        for k, d in enumerate(t.shape):
+            if isinstance(d, str):
+                n = limits.size(_role(t.name, k, d))
+                dims.setdefault(d, (n, n, n))
+                d = n
+            shape.append(int(d))
+        inputs[t.name] = (tuple(shape),) * 3  # type: ignore[assignment]
     return Profile(dims, inputs, static)
+
+
+def derive_profiles(graph: onnx.ModelProto | str | os.PathLike, limits: ShapeLimits) -> Profile:
+    """:func:`profile_of` the I/O of ``graph`` (a model or an ONNX file)."""
+    return profile_of(onnx_io(graph), limits)
 
 
 def _role(input_name: str, k: int, dim: str) -> str:
     role = DIM_ROLES.get(dim)
     if role is None:
-        known = ", ".join(f"{r}: {sorted(n for n, rr in DIM_ROLES.items() if rr == r)}" for r in (*ROLE_LIMITS, *FIXED_ROLES))
+        known = ", ".join(f"{r}: {sorted(n for n, rr in DIM_ROLES.items() if rr == r)}" for r in ROLES)
         raise ShapeError(
-            f"derive_profiles: input {input_name!r} dim {k} is named {dim!r}, which has no role; "
+            f"profile_of: input {input_name!r} dim {k} is named {dim!r}, which has no role; "
             f"expected one of the names in DIM_ROLES ({known})"
         )
     return role

@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .builder import GraphBuilder
+from .ranges import declare_ranges
 
 __all__ = ["INPUTS", "STATE", "OUTPUT", "build_copy_graph", "default_favour_logit"]
 
@@ -75,6 +76,9 @@ def build_copy_graph(
         [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["rows", vocab])],
         producer="sf_trt.graphs.copy_model",
     )
+    # What the fake feeds (tokens, lanes and positions checked at the seam): with these,
+    # every integer value here is below 7 * vocab + 3 (export/OPS.md, "Integer arithmetic").
+    declare_ranges(model, inputs={"history": (0, vocab - 1), "lanes": (0, max_lanes - 1), "positions": (0, max_context - 1)})
     onnx.checker.check_model(model)
     return model
 

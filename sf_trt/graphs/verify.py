@@ -16,10 +16,16 @@ name            dtype    shape     meaning
 ``temperature`` float32  [R]       > 0 on Gumbel rows (read only there)
 ``top_p``       float32  [R]       in (0, 1]; >= 1 keeps every token
 ``top_k``       int64    [R]       0: off; else keep the tokens >= the k-th largest
-``rng_key``     int64    [R]       the lane's ``rng_counter_base``, 0 <= key < 2**63
-``position``    int64    [R]       position of the token drawn, 0 <= position < 2**31
+``noise_add``   int32    [R, 3]    the row's additive noise keys, each in [0, 4096)
+``noise_mul``   int32    [R, 3]    the row's multiplicative noise keys, odd, in [1025, 2047]
 ``draft``       int64    [R]       the draft token at that position, or -1
 ==============  =======  ========  =====================================================
+
+The noise keys are :func:`noise_keys` of the row's ``rng_key`` (the lane's
+``rng_counter_base``, ``0 <= key < 2**63``) and ``position`` (of the token drawn,
+``0 <= position < 2**31``), computed on the host in exact 64-bit integer code;
+:func:`sample_feeds` turns :class:`sf_trt.primitives.SampleRows` into every input but
+``logits``. The graph states their ranges in its metadata (:mod:`sf_trt.graphs.ranges`).
 
 Outputs: ``tokens`` int64 ``[R]``, ``match`` bool ``[R]`` (``tokens == draft``).
 
@@ -40,28 +46,37 @@ probability below ``exp(-D)``, so all of them together hold less than
 the largest float32 ``top_p`` below it) for any ``V < 2**45``, so the nucleus never
 needs them, and the bracket is at most 48 wide: 24 halvings leave it under 3e-6.
 
-The hash (int64 ``Mul``/``Add``/``Sub``/``Mod``/exact ``Div`` by a power of two; no
-bitwise or shift op). ``P = 2**31 - 1``. Every factor is reduced below ``2**31``
-before it is multiplied, so every product is below ``2**62``, every sum below
-``2**62 + 2**32``, and the one larger intermediate is ``key - (key mod 2**30) <=
-key < 2**63`` (:func:`hash_bounds` proves all of it by interval arithmetic; the
-tests rerun the steps over extreme inputs in Python ints):
+The hash: every integer an exact ``int32`` below ``2**24``, on any backend. TensorRT's
+integer division may round through float32 (NVIDIA/TensorRT#4702; export/OPS.md,
+"Integer arithmetic"), so nothing the graph computes may need more than float32's 24
+bits: every operand and result of its integer ``Add``/``Mul``/``Div``/``Sub`` stays in
+``[0, 2**24)``, which ``sf_trt.export.int_bounds`` proves over the built graph from the
+ranges it declares. Wide mixing runs where integers are exact everywhere, on the host:
 
-* ``mix(x) = x**5 mod P`` (three squarings/multiplies, each reduced mod P;
-  ``gcd(5, P - 1) = 1``, so it permutes ``[0, P)``) is the nonlinear step;
-* ``absorb(h, v) = mix((h * A + v + C) mod P)``: ``h < P``, ``A < P``,
-  ``v < 2**31``, ``C < 2**31``, so ``h * A + v + C < 2**62 + 2**32``;
-* per row, on ``[R, 1]``: the key is split exactly into 30/30/3-bit limbs
-  (``Mod 2**30`` and exact ``Div`` of ``key - (key mod 2**30)``), which two
-  independent absorb chains (62 bits of state) take with the position, giving
-  ``x, y`` in ``[0, 2**30)``;
-* per token, on ``[1, V]`` (constant: folded at session/engine build time): two
-  absorb chains of the token id give ``t1, t2`` in ``[0, 2**30)``;
-* per (row, token), on ``[R, V]``: ``w = ((x + t1) * (y + t2)) mod P`` (factors
-  ``< 2**31``, product ``< 2**62``), ``h = w mod 2**23``, and
-  ``u = (h + 0.5) * 2**-23 = (2h + 1) / 2**24`` in float32: 24 significant bits, so
-  ``u`` is exact and ``2**-24 <= u <= 1 - 2**-24`` (with 24 hash bits ``(h + 0.5) /
-  2**24`` would need 25 bits and could round to 1.0, making ``g`` infinite).
+* per row, on the host (:func:`noise_keys`): the 63-bit key and the 31-bit position
+  go through two rounds of a 64-bit finalizer (``fmix64``, xor-shift-multiply) whose
+  bits give three additive keys ``a_i`` in ``[0, 4096)`` and three odd multipliers
+  ``m_i`` in ``[1025, 2047]`` (63 bits of key material per row);
+* per token, at build time: a fixed bijection of ``[0, 2**24)`` (multiply, xor-shift)
+  gives each token id a distinct state ``(A, B)``, two 12-bit halves, as ``[1, Vp]``
+  constants;
+* per (row, token), on ``[R, Vp]``: three Feistel rounds
+  ``(A, B) -> (B, (A + F_i(B)) mod 4096)`` with ``F_i(B) = lo(p) + hi(p)``,
+  ``p = (B + a_i) * m_i < 8192 * 2048 = 2**24`` (``lo``/``hi`` the product's low and
+  high 12 bits): the fold is linear modulo 4095 and the state adds modulo 4096, two
+  operations that do not mix linearly (IDEA's idea, in miniature); computed as
+  ``t = A + p + p div 4096 <= 4095 + 16764930 + 4093 < 2**24`` and
+  ``t mod 4096 = t - 4096 * (t div 4096)``. A Feistel round is a bijection whatever
+  ``F`` is, so each row maps distinct tokens to distinct states;
+* ``h = (B div 2) * 4096 + A`` in ``[0, 2**23)`` (the top bits come from the last
+  round, so every key affects them), and ``u = (h + 0.5) * 2**-23 = (2h + 1) / 2**24``
+  in float32: 24 significant bits, so ``u`` is exact and ``2**-24 <= u <= 1 - 2**-24``
+  (with 24 hash bits ``(h + 0.5) / 2**24`` would need 25 bits and could round to 1.0,
+  making ``g`` infinite).
+
+The quality tests (tests/graphs/test_verify.py) hold it to the 0.999 chi-square quantile
+for uniformity of ``u``, independence of adjacent positions, keys and tokens, uniform
+argmax over a row's tokens, and sampled frequencies against the softmax.
 
 Layout. ``V`` is padded with ``-inf`` logits to a multiple of :data:`PAD_TO` (16)
 when it is not one. onnxruntime's CPU kernels (Eigen) compute the unaligned head
@@ -78,7 +93,6 @@ what the full graph draws on rows with ``top_k = 0`` / ``top_p >= 1``.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -87,20 +101,25 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..abi import Sampling
 from .builder import OPSET
+from .ranges import declare_ranges
 
 __all__ = [
-    "OPSET", "ROWS", "LOGITS", "SAMPLE_INPUTS", "INPUTS", "TOKENS", "MATCH", "OUTPUTS",
-    "GREEDY", "GUMBEL", "TOPK_MAX_K", "PAD_TO", "BISECT_STEPS", "BISECT_SPAN",
-    "HASH_P", "U_BITS", "DEBUG_OUTPUTS",
+    "OPSET", "ROWS", "LOGITS", "SAMPLE_FIELDS", "NOISE_ADD", "NOISE_MUL", "SAMPLE_INPUTS", "INPUTS",
+    "TOKENS", "MATCH", "OUTPUTS", "GREEDY", "GUMBEL", "TOPK_MAX_K", "PAD_TO", "BISECT_STEPS", "BISECT_SPAN",
+    "ROUNDS", "LIMB", "MUL_RANGE", "U_BITS", "MAX_VOCAB", "DEBUG_OUTPUTS",
     "build_verify_graph", "build_greedy_graph", "padded_vocab", "topk_k",
-    "hash_u", "hash_bounds", "hash_intermediates", "reference_verify_sample",
+    "noise_keys", "sample_feeds", "token_states", "hash_u", "hash_bits", "reference_verify_sample",
 ]
 
 ROWS = "rows"
 """The dynamic dim's name (a role in :data:`sf_trt.formats.shapes.DIM_ROLES`)."""
 LOGITS = "logits"
-SAMPLE_INPUTS = ("mode", "temperature", "top_p", "top_k", "rng_key", "position", "draft")
-"""The other inputs, named as the :class:`sf_trt.primitives.SampleRows` fields."""
+SAMPLE_FIELDS = ("mode", "temperature", "top_p", "top_k", "draft")
+"""The inputs fed straight from the :class:`sf_trt.primitives.SampleRows` fields of that name."""
+NOISE_ADD, NOISE_MUL = "noise_add", "noise_mul"
+"""The inputs :func:`noise_keys` computes from the ``rng_key`` and ``position`` fields."""
+SAMPLE_INPUTS = SAMPLE_FIELDS[:4] + (NOISE_ADD, NOISE_MUL) + SAMPLE_FIELDS[4:]
+"""Every input but ``logits``, in graph order: what :func:`sample_feeds` returns."""
 INPUTS = (LOGITS,) + SAMPLE_INPUTS
 TOKENS, MATCH = "tokens", "match"
 OUTPUTS = (TOKENS, MATCH)
@@ -114,14 +133,23 @@ graph is built, and checked by ``sf_trt.export.trt_support`` too."""
 PAD_TO = 16
 BISECT_STEPS = 24
 BISECT_SPAN = 48.0
-HASH_P = 2**31 - 1
+ROUNDS = 3
+"""Feistel rounds of the per-(row, token) hash."""
+LIMB = 4096
+"""The hash's state halves and additive keys are in ``[0, LIMB)``."""
+MUL_RANGE = (1025, 2047)
+"""The odd multiplicative keys: ``(4095 + 4095) * 2047 < 2**24``."""
 U_BITS = 23
+MAX_VOCAB = 2**24
+"""Token states are a bijection of ``[0, 2**24)``: the padded vocabulary must fit."""
 
 _INPUT_TYPES = {
     "logits": TensorProto.FLOAT, "mode": TensorProto.INT64, "temperature": TensorProto.FLOAT,
-    "top_p": TensorProto.FLOAT, "top_k": TensorProto.INT64, "rng_key": TensorProto.INT64,
-    "position": TensorProto.INT64, "draft": TensorProto.INT64,
+    "top_p": TensorProto.FLOAT, "top_k": TensorProto.INT64, NOISE_ADD: TensorProto.INT32,
+    NOISE_MUL: TensorProto.INT32, "draft": TensorProto.INT64,
 }
+_NUMPY_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32}
+_FIELD_DTYPES = tuple((n, _NUMPY_TYPES[_INPUT_TYPES[n]]) for n in SAMPLE_FIELDS)
 
 
 def padded_vocab(vocab: int) -> int:
@@ -134,198 +162,157 @@ def topk_k(vocab: int, top_k_limit: int) -> int:
     return min(vocab, top_k_limit)
 
 
-# -- the hash, written once over abstract integer ops ------------------------------------------
+# -- the hash ----------------------------------------------------------------------------------
 #
-# ``_row_part``, ``_token_part`` and ``_combine`` run on three backends: numpy int64
-# arrays (the reference), Python ints with every intermediate recorded (the bound
-# test), intervals (the bound proof), and ONNX nodes (the graph).
+# The host part (noise_keys, token_states) is exact 64-bit integer code. The per-(row,
+# token) part, _feistel, is written once over abstract integer ops and runs on numpy
+# (the reference, hash_u) and as ONNX nodes (the graph); hash_bits is a third, separate
+# statement of the same function in Python ints, for the tests.
 
-_MOD30, _MOD31 = 2**30, 2**31
-# (A, C) pairs of the absorb steps: A in [2, P), C in [0, 2**31). Arbitrary odd-looking constants.
-_ROW_CHAIN_1 = ((1103515245, 12345), (1664525, 1013904223), (69069, 362437), (48271, 1234567), (16807, 7654321))
-_ROW_CHAIN_2 = ((2147001325, 715827883), (1812433253, 87654321), (950706376, 2005050505), (742938285, 31337), (1583458089, 99991))
-_TOK_CHAIN_1 = ((397204094, 1597334677), (1540315826, 40503))
-_TOK_CHAIN_2 = ((1996161800, 1220703125), (1343714438, 1460021))
-_SEEDS = (0x2545F491 % HASH_P, 0x61C88647 % HASH_P, 0x3C6EF372 % HASH_P, 0x1B873593 % HASH_P)
-
-
-def _mix(o, x):
-    """``x**5 mod P``: ``x < P`` so each product is below ``P**2 < 2**62``."""
-    x2 = o.mod(o.mul(x, x), HASH_P)
-    x4 = o.mod(o.mul(x2, x2), HASH_P)
-    return o.mod(o.mul(x4, x), HASH_P)
+_M64 = 2**64 - 1
+_FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)
+_KEY_SALT, _POS_MUL, _POS_SALT = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7
+_ADD_SHIFTS = tuple(12 * i for i in range(ROUNDS))  # bits 0..35 of the row's 64-bit hash
+_MUL_SHIFTS = tuple(36 + 9 * i for i in range(ROUNDS))  # bits 36..62
+_TOKEN_STEPS = ((0x9E3779, 0x5A5A5, 12), (0x85EBCB, 0x3C6EF, 11), (0xC2B2AF, 0x1B873, 12))
+"""(odd multiplier, addend, xor-shift) per step of the token-state bijection of [0, 2**24)."""
 
 
-def _absorb(o, h, v, ac):
-    """``mix((h * A + v + C) mod P)``; ``h < P``, ``v < 2**31``: the sum is below ``2**62 + 2**32``."""
-    a, c = ac
-    return _mix(o, o.mod(o.add(o.add(o.mul(h, o.const(a)), v), o.const(c)), HASH_P))
+_U64 = {name: np.uint64(v) for name, v in (
+    ("33", 33), ("f0", _FMIX[0]), ("f1", _FMIX[1]), ("key", _KEY_SALT), ("pmul", _POS_MUL), ("psalt", _POS_SALT),
+)}
+_SHIFTS = np.array(_ADD_SHIFTS + _MUL_SHIFTS, np.uint64)
+_MASK_LIST = (LIMB - 1,) * ROUNDS + (511,) * ROUNDS
+_MASKS = np.array(_MASK_LIST, np.uint64)
 
 
-def _row_part(o, key, pos):
-    """(key, position) -> (x, y), each in ``[0, 2**30)``. Shapes: ``[R, 1]``."""
-    k0 = o.mod(key, _MOD30)  # [0, 2**30)
-    q = o.div_exact(o.sub(key, k0), _MOD30)  # floor(key / 2**30), exact: in [0, 2**33)
-    k1 = o.mod(q, _MOD30)  # [0, 2**30)
-    k2 = o.div_exact(o.sub(q, k1), _MOD30)  # floor(key / 2**60): [0, 8)
-    p = o.mod(pos, _MOD31)  # [0, 2**31) (a no-op on valid input; keeps the bound for any int64)
-    outs = []
-    for seed, chain in ((_SEEDS[0], _ROW_CHAIN_1), (_SEEDS[1], _ROW_CHAIN_2)):
-        h = o.const(seed)
-        for v, ac in zip((k0, k1, k2, p), chain):
-            h = _absorb(o, h, v, ac)
-        h = _absorb(o, h, o.const(0), chain[4])
-        outs.append(o.mod(h, _MOD30))
-    return outs[0], outs[1]
+def _fmix64(z: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finalizer, in place on a uint64 array (numpy wraps modulo 2**64)."""
+    z ^= z >> _U64["33"]
+    z *= _U64["f0"]
+    z ^= z >> _U64["33"]
+    z *= _U64["f1"]
+    z ^= z >> _U64["33"]
+    return z
 
 
-def _token_part(o, tok):
-    """token id (``0 <= tok < 2**31``) -> (t1, t2), each in ``[0, 2**30)``. Shapes: ``[1, V]``."""
-    outs = []
-    for seed, chain in ((_SEEDS[2], _TOK_CHAIN_1), (_SEEDS[3], _TOK_CHAIN_2)):
-        h = _absorb(o, o.const(seed), tok, chain[0])
-        h = _absorb(o, h, o.const(0), chain[1])
-        outs.append(o.mod(h, _MOD30))
-    return outs[0], outs[1]
+def _fmix64_int(z: int) -> int:
+    """:func:`_fmix64` of one value, in Python ints."""
+    z ^= z >> 33
+    z = (z * _FMIX[0]) & _M64
+    z ^= z >> 33
+    z = (z * _FMIX[1]) & _M64
+    return z ^ (z >> 33)
 
 
-def _combine(o, x, y, t1, t2):
-    """``((x + t1) * (y + t2)) mod P mod 2**23``: factors below ``2**31``, product below ``2**62``.
-    Shapes: ``[R, 1]`` and ``[1, V]`` broadcast to ``[R, V]``."""
-    w = o.mod(o.mul(o.add(x, t1), o.add(y, t2)), HASH_P)
-    return o.mod(w, 2**U_BITS)
+def _row_hash(key: int, position: int) -> int:
+    """The row's 64-bit hash, in Python ints (:func:`noise_keys` in numpy for many rows)."""
+    return _fmix64_int(_fmix64_int((key + _KEY_SALT) & _M64) ^ ((position * _POS_MUL + _POS_SALT) & _M64))
+
+
+_FEW_ROWS = 4
+"""Up to this many rows, :func:`noise_keys` hashes in Python ints: cheaper than ~30 numpy calls."""
+
+
+def noise_keys(rng_key, position) -> tuple[np.ndarray, np.ndarray]:
+    """The graph's ``(noise_add, noise_mul)``, int32 ``[R, ROUNDS]`` each, for rows with
+    these ``rng_key`` (``0 <= key < 2**63``) and ``position`` (``0 <= position < 2**31``):
+    fields of ``fmix64(fmix64(key + c0) ^ (position * c1 + c2))``, bits 0..35 the additive
+    keys, bits 36..62 the multipliers' 9-bit indices."""
+    key = np.asarray(rng_key, np.int64).reshape(-1)
+    pos = np.asarray(position, np.int64).reshape(-1)
+    if key.size <= _FEW_ROWS:
+        rows = [_row_hash(k, p) for k, p in zip(key.tolist(), pos.tolist())]
+        fields = np.array([[(z >> s) & m for s, m in zip(_ADD_SHIFTS + _MUL_SHIFTS, _MASK_LIST)] for z in rows], np.int32)
+        fields = fields.reshape(-1, 2 * ROUNDS)
+        return fields[:, :ROUNDS], fields[:, ROUNDS:] * 2 + MUL_RANGE[0]
+    key, pos = key.astype(np.uint64), pos.astype(np.uint64)
+    key += _U64["key"]
+    pos *= _U64["pmul"]
+    pos += _U64["psalt"]
+    z = _fmix64(_fmix64(key) ^ pos)
+    fields = ((z[:, None] >> _SHIFTS) & _MASKS).astype(np.int32)  # [R, 2 * ROUNDS]
+    return fields[:, :ROUNDS], fields[:, ROUNDS:] * 2 + MUL_RANGE[0]
+
+
+def sample_feeds(sample, *, noise: bool = True) -> dict[str, np.ndarray]:
+    """Every input of the verify graph but ``logits``, by name and in the graph's dtypes,
+    from a :class:`sf_trt.primitives.SampleRows` (or anything with its fields).
+
+    ``noise=False`` fills the noise keys with zeros instead of hashing ``rng_key`` and
+    ``position``: for :func:`build_greedy_graph`, which reads neither."""
+    feeds = {n: np.ascontiguousarray(getattr(sample, n), dtype=dtype) for n, dtype in _FIELD_DTYPES}
+    if noise:
+        feeds[NOISE_ADD], feeds[NOISE_MUL] = noise_keys(sample.rng_key, sample.position)
+    else:
+        feeds[NOISE_ADD] = feeds[NOISE_MUL] = np.zeros((len(feeds["mode"]), ROUNDS), np.int32)
+    return feeds  # by name: the order of SAMPLE_INPUTS does not matter to a session
+
+
+def token_states(vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """The per-token hash states ``(A, B)``, int32 ``[vocab]`` each in ``[0, 4096)``: a fixed
+    bijection of ``[0, 2**24)`` applied to the token ids, split into 12-bit halves."""
+    x = np.arange(vocab, dtype=np.int64)
+    for mul, add, shift in _TOKEN_STEPS:
+        x = (x * mul + add) & (MAX_VOCAB - 1)  # odd multiplier: a bijection modulo 2**24
+        x = x ^ (x >> shift)  # a bijection too
+    return (x >> 12).astype(np.int32), (x & (LIMB - 1)).astype(np.int32)
+
+
+def _round(o, a, b, add, mul):
+    """One Feistel round: ``(A, B) -> (B, (A + lo(p) + hi(p)) mod 4096)``, ``p = (B + add) * mul``.
+    ``B, add < 4096``, ``mul <= 2047``: ``p <= 8190 * 2047 = 16764930``; ``t = A + p + hi(p) <= 16773118 < 2**24``."""
+    p = o.mul(o.add(b, add), mul)
+    t = o.add(a, o.add(p, o.div(p, LIMB)))  # == A + lo(p) + hi(p) modulo 4096
+    return b, o.sub(t, o.mul(o.div(t, LIMB), LIMB))
+
+
+def _feistel(o, a, b, adds, muls):
+    """The per-(row, token) hash: ``ROUNDS`` rounds, then ``h = (B div 2) * 4096 + A`` in ``[0, 2**23)``."""
+    for add, mul in zip(adds, muls):
+        a, b = _round(o, a, b, add, mul)
+    return o.add(o.mul(o.div(b, 2), LIMB), a)
 
 
 class _NumpyOps:
-    """int64 numpy arrays (the bounds proven by :func:`hash_bounds` rule out wrap-around)."""
+    """int64 numpy arrays: every value is below 2**24, so nothing wraps."""
 
-    def const(self, v):
-        return np.int64(v)
+    def add(self, x, y):
+        return np.add(x, y, dtype=np.int64)
 
-    def add(self, a, b):
-        return np.add(a, b, dtype=np.int64)
+    def sub(self, x, y):
+        return np.subtract(x, y, dtype=np.int64)
 
-    def sub(self, a, b):
-        return np.subtract(a, b, dtype=np.int64)
+    def mul(self, x, y):
+        return np.multiply(x, y, dtype=np.int64)
 
-    def mul(self, a, b):
-        return np.multiply(a, b, dtype=np.int64)
-
-    def mod(self, a, m):
-        return np.mod(a, np.int64(m))  # sign of the divisor, as ONNX Mod with fmod=0
-
-    def div_exact(self, a, d):
-        return np.floor_divide(a, np.int64(d))
-
-
-class _IntOps:
-    """Python ints; every intermediate value is appended to ``seen``."""
-
-    def __init__(self) -> None:
-        self.seen: list[int] = []
-
-    def _r(self, v: int) -> int:
-        self.seen.append(v)
-        return v
-
-    def const(self, v):
-        return self._r(int(v))
-
-    def add(self, a, b):
-        return self._r(a + b)
-
-    def sub(self, a, b):
-        return self._r(a - b)
-
-    def mul(self, a, b):
-        return self._r(a * b)
-
-    def mod(self, a, m):
-        return self._r(a % m)
-
-    def div_exact(self, a, d):
-        assert a % d == 0
-        return self._r(a // d)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Iv:
-    lo: int
-    hi: int
-
-
-class _BoundOps:
-    """Intervals: every op's result range, for all inputs in the input ranges."""
-
-    def __init__(self) -> None:
-        self.lo, self.hi, self.max_product = 0, 0, 0
-
-    def _r(self, lo: int, hi: int) -> _Iv:
-        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
-        return _Iv(lo, hi)
-
-    @staticmethod
-    def input(lo: int, hi: int) -> _Iv:
-        return _Iv(lo, hi)
-
-    def const(self, v):
-        return self._r(int(v), int(v))
-
-    def add(self, a, b):
-        return self._r(a.lo + b.lo, a.hi + b.hi)
-
-    def sub(self, a, b):
-        return self._r(a.lo - b.hi, a.hi - b.lo)
-
-    def mul(self, a, b):
-        p = (a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi)
-        self.max_product = max(self.max_product, max(abs(v) for v in p))
-        return self._r(min(p), max(p))
-
-    def mod(self, a, m):
-        if 0 <= a.lo and a.hi < m:
-            return self._r(a.lo, a.hi)
-        return self._r(0, m - 1)
-
-    def div_exact(self, a, d):
-        return self._r(a.lo // d, a.hi // d)
-
-
-def hash_bounds(vocab: int = 2**30) -> tuple[int, int, int]:
-    """``(min, max, max |product|)`` over every intermediate of the hash, for every key in
-    ``[0, 2**63)``, every int64 position and every token id below ``padded_vocab(vocab)``.
-
-    The max is ``2**63 - 1``: ``key - (key mod 2**30)`` for the largest key, a value no
-    larger than the key itself; products stay below ``2**62``, the sums of ``absorb``
-    below ``2**62 + 2**32``."""
-    o = _BoundOps()
-    key, pos = o.input(0, 2**63 - 1), o.input(-(2**63), 2**63 - 1)
-    tok = o.input(0, padded_vocab(vocab) - 1)
-    x, y = _row_part(o, key, pos)
-    t1, t2 = _token_part(o, tok)
-    _combine(o, x, y, t1, t2)
-    return o.lo, o.hi, o.max_product
-
-
-def hash_intermediates(key: int, position: int, token: int) -> tuple[int, list[int]]:
-    """The hash of one (key, position, token) in Python ints: ``(h, every intermediate)``."""
-    o = _IntOps()
-    x, y = _row_part(o, key, position)
-    t1, t2 = _token_part(o, token)
-    return _combine(o, x, y, t1, t2), o.seen
+    def div(self, x, d):
+        return np.floor_divide(x, np.int64(d))  # operands >= 0: floor and truncation agree
 
 
 def hash_u(rng_key: np.ndarray, position: np.ndarray, vocab: int) -> np.ndarray:
     """The graph's ``u`` in numpy: float64 ``[R, vocab]``, each value exactly the float32 the
     graph computes."""
-    o = _NumpyOps()
-    key = np.asarray(rng_key, np.int64).reshape(-1, 1)
-    pos = np.asarray(position, np.int64).reshape(-1, 1)
-    tok = np.arange(vocab, dtype=np.int64).reshape(1, -1)
-    x, y = _row_part(o, key, pos)
-    t1, t2 = _token_part(o, tok)
-    h = _combine(o, x, y, t1, t2)
+    adds, muls = noise_keys(rng_key, position)
+    a, b = (x.astype(np.int64).reshape(1, -1) for x in token_states(vocab))
+    h = _feistel(_NumpyOps(), a, b, adds.astype(np.int64).T[..., None], muls.astype(np.int64).T[..., None])
     return (h.astype(np.float64) + 0.5) * 2.0**-U_BITS
+
+
+def hash_bits(key: int, position: int, token: int) -> int:
+    """The hash ``h`` of one (key, position, token), in Python ints, written independently of
+    the numpy and ONNX forms of the token states and the rounds (tests compare the three)."""
+    z = _row_hash(key, position)
+    x = token
+    for mul, add, shift in _TOKEN_STEPS:
+        x = (x * mul + add) % MAX_VOCAB
+        x ^= x >> shift
+    a, b = divmod(x, LIMB)
+    for i in range(ROUNDS):
+        k, m = (z >> (12 * i)) % LIMB, MUL_RANGE[0] + 2 * ((z >> (36 + 9 * i)) % 512)
+        lo, hi = divmod((b + k) * m, LIMB)[::-1]
+        a, b = b, (a + lo + hi) % LIMB
+    return (b // 2) * LIMB + a
 
 
 # -- the graph ---------------------------------------------------------------------------------
@@ -362,29 +349,29 @@ class _Builder:
         self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
         return out
 
-    # hash ops (all int64; scalars are initializers that broadcast)
-    def const(self, v):
-        return self.init(np.array(v, np.int64), "k")
+    # hash ops (int32; scalars are initializers that broadcast)
+    def _i32(self, v):
+        return v if isinstance(v, str) else self.init(np.array(v, np.int32), "k")
 
     def add(self, a, b):
-        return self.op("Add", [a, b], "h_add")
+        return self.op("Add", [a, self._i32(b)], "h_add")
 
     def sub(self, a, b):
-        return self.op("Sub", [a, b], "h_sub")
+        return self.op("Sub", [a, self._i32(b)], "h_sub")
 
     def mul(self, a, b):
-        return self.op("Mul", [a, b], "h_mul")
+        return self.op("Mul", [a, self._i32(b)], "h_mul")
 
-    def mod(self, a, m):
-        return self.op("Mod", [a, self.const(m)], "h_mod", fmod=0)
-
-    def div_exact(self, a, d):
-        return self.op("Div", [a, self.const(d)], "h_div")
+    def div(self, a, d):
+        return self.op("Div", [a, self._i32(d)], "h_div")
 
 
 def _io(vocab: int) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     inputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [ROWS, vocab])]
-    inputs += [helper.make_tensor_value_info(n, _INPUT_TYPES[n], [ROWS]) for n in SAMPLE_INPUTS]
+    inputs += [
+        helper.make_tensor_value_info(n, _INPUT_TYPES[n], [ROWS, ROUNDS] if n in (NOISE_ADD, NOISE_MUL) else [ROWS])
+        for n in SAMPLE_INPUTS
+    ]
     outputs = [
         helper.make_tensor_value_info(TOKENS, TensorProto.INT64, [ROWS]),
         helper.make_tensor_value_info(MATCH, TensorProto.BOOL, [ROWS]),
@@ -393,8 +380,13 @@ def _io(vocab: int) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto
 
 
 def _check_vocab(fn: str, vocab: int) -> None:
-    if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or not 1 <= vocab <= 2**30:
-        raise ValueError(f"{fn}: vocab must be an int in 1..2**30 (got {vocab!r})")
+    if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or not 1 <= vocab <= MAX_VOCAB:
+        raise ValueError(f"{fn}: vocab must be an int in 1..2**24 (got {vocab!r})")
+
+
+def _declare_ranges(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The noise keys' ranges, which bound every integer the hash computes (sf_trt.graphs.ranges)."""
+    return declare_ranges(model, inputs={NOISE_ADD: (0, LIMB - 1), NOISE_MUL: MUL_RANGE})
 
 
 def build_greedy_graph(vocab: int) -> onnx.ModelProto:
@@ -407,7 +399,7 @@ def build_greedy_graph(vocab: int) -> onnx.ModelProto:
     b.named("Equal", [tok, "draft"], MATCH)  # [R]
     inputs, outputs = _io(vocab)
     graph = helper.make_graph(b.nodes, "verify_greedy", inputs, outputs, b.inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify")
+    return _declare_ranges(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify"))
 
 
 def build_verify_graph(
@@ -460,7 +452,7 @@ def build_verify_graph(
         # Top-k: keep s >= the k-th largest s (ties kept); off where top_k <= 0.
         kcol = col("top_k")  # [R, 1]
         vals, _ = b.op("TopK", [s, b.init(np.array([K], np.int64), "K")], "topk", n_out=2, axis=1, largest=1, sorted=1)  # [R, K]
-        kidx = b.op("Min", [b.op("Max", [b.op("Sub", [kcol, i64(1)]), i64(0)]), i64(K - 1)], "kidx")  # [R, 1] in 0..K-1
+        kidx = b.op("Sub", [b.op("Min", [b.op("Max", [kcol, i64(1)]), i64(K)]), i64(1)], "kidx")  # [R, 1] in 0..K-1
         kth = b.op("GatherElements", [vals, kidx], "kth", axis=1)  # [R, 1]
         k_on = b.op("Greater", [kcol, i64(0)], "k_on")  # [R, 1]
         keep = b.op("Or", [b.op("GreaterOrEqual", [s, kth]), b.op("Not", [k_on])], "keep_k")  # [R, Vp]
@@ -492,11 +484,13 @@ def build_verify_graph(
         keep_p = b.op("Or", [b.op("GreaterOrEqual", [s, lo]), p_off], "keep_p")  # [R, Vp]; lo <= m: the argmax stays
         keep = keep_p if keep is None else b.op("And", [keep, keep_p], "keep")  # [R, Vp]
 
-    # u from the hash: per row on [R, 1], per token on [1, Vp] (constant), combined on [R, Vp].
-    rx, ry = _row_part(b, col("rng_key"), col("position"))  # [R, 1] each, in [0, 2**30)
-    tok_ids = b.init(np.arange(Vp, dtype=np.int64).reshape(1, Vp), "token_ids")  # [1, Vp]
-    t1, t2 = _token_part(b, tok_ids)  # [1, Vp] each, in [0, 2**30)
-    h = _combine(b, rx, ry, t1, t2)  # [R, Vp] int64 in [0, 2**23)
+    # u from the hash: the row's keys [R, 1] (host-made), the token states [1, Vp] (constant),
+    # three Feistel rounds on [R, Vp] in int32, every value in [0, 2**24).
+    ones = b.init(np.ones(ROUNDS, np.int64), "split_ones")
+    adds = b.op("Split", [NOISE_ADD, ones], "noise_add", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [0, 4096)
+    muls = b.op("Split", [NOISE_MUL, ones], "noise_mul", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [1025, 2047]
+    state_a, state_b = (b.init(x.reshape(1, Vp), name) for x, name in zip(token_states(Vp), ("token_a", "token_b")))
+    h = _feistel(b, state_a, state_b, adds, muls)  # [R, Vp] int32 in [0, 2**23)
     hf = b.op("Cast", [h], "hf", to=TensorProto.FLOAT)  # [R, Vp], exact (< 2**24)
     u = b.op("Mul", [b.op("Add", [hf, f32(0.5)]), f32(2.0**-U_BITS)], "u")  # [R, Vp], exact, in [2**-24, 1 - 2**-24]
     loglog = b.op("Log", [b.op("Neg", [b.op("Log", [u])])], "loglog")  # [R, Vp]: log(-log u) = -g, finite
@@ -523,7 +517,7 @@ def build_verify_graph(
     graph = helper.make_graph(b.nodes, "verify", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify")
     model.metadata_props.add(key="top_k_limit", value=str(int(top_k_limit)))
-    return model
+    return _declare_ranges(model)
 
 
 # -- the numpy reference (tests only) ----------------------------------------------------------

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from manifests import write_engines_dir
 
 from sf_trt.abi import Status, StatusError
 from sf_trt.backends import BACKENDS, Backend, names, open_model, register
@@ -43,8 +44,11 @@ def test_a_gpu_provider_missing_here_is_refused_in_one_line(tiny_model_dir):
 def test_tensorrt_without_tensorrt_is_refused_clearly(tiny_model_dir, tmp_path):
     if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("tensorrt is importable here")
-    with pytest.raises(StatusError, match="TensorRT not available") as err:
+    with pytest.raises(StatusError, match="no manifest at") as err:  # the manifest is checked first
         open_model("tensorrt", tiny_model_dir, max_lanes=1, max_context=16, engines=tmp_path)
+    assert err.value.status == Status.UNSUPPORTED
+    with pytest.raises(StatusError, match="TensorRT not available") as err:
+        open_model("tensorrt", tiny_model_dir, max_lanes=1, max_context=16, engines=write_engines_dir(tmp_path / "engines"))
     assert err.value.status == Status.UNSUPPORTED
 
 

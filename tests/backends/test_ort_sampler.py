@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -29,8 +30,8 @@ def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p
 
 
 def run(feeds, vocab, **kw):
-    """(tokens, match[, u, keep, lo]) of the graph on ``feeds``."""
-    return session(vocab, **kw).run(None, feeds)
+    """(tokens, match[, u, keep, lo]) of the graph on the row dict ``feeds`` (logits and SampleRows fields)."""
+    return session(vocab, **kw).run(None, {"logits": feeds["logits"], **V.sample_feeds(sample_rows(feeds))})
 
 
 def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool = False, gumbel_share: float = 0.7):
@@ -51,7 +52,7 @@ def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool 
 
 
 def sample_rows(feeds) -> SampleRows:
-    return SampleRows(**{k: feeds[k] for k in V.SAMPLE_INPUTS})
+    return SampleRows(**{f.name: feeds[f.name] for f in dataclasses.fields(SampleRows)})
 
 
 def test_sampler_picks_the_cheapest_graph_and_draws_what_the_full_graph_draws():

@@ -56,6 +56,25 @@ def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, op
         assert_rows_exact(prims, sched)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tiny_fp16_rows_are_exact_in_any_pass(tiny_fp16_model_dir, schedules, threads):
+    """An fp16 decoder on onnxruntime's CPU kernels (which compute float16 by way of float32):
+    rows exact at ORT_ENABLE_ALL, the only level OrtDecoderPrimitives accepts for fp16."""
+    rng = np.random.default_rng(16)
+    sched = schedules({0: rng.integers(0, 256, 30), 1: rng.integers(0, 256, 22), 2: rng.integers(0, 256, 27)})
+    with OrtDecoderPrimitives(tiny_fp16_model_dir, max_lanes=3, max_context=64, threads=threads) as prims:
+        assert_rows_exact(prims, sched)
+
+
+@pytest.mark.parametrize("optimization", ["disable", "basic", "extended"])
+def test_an_fp16_decoder_below_the_exact_optimization_level_is_refused(tiny_fp16_model_dir, optimization):
+    from sf_trt.abi import Status, StatusError
+
+    with pytest.raises(StatusError, match=rf"optimization '{optimization}' with an fp16 decoder: rows would not be exact \(use 'all'\)") as err:
+        OrtDecoderPrimitives(tiny_fp16_model_dir, max_lanes=3, max_context=64, optimization=optimization)
+    assert err.value.status == Status.BAD_ARGUMENT
+
+
 @pytest.mark.parametrize("optimization", ["disable", "all"])
 def test_tiny_rows_without_gqa_are_exact(tiny_mha_model_dir, schedules, optimization):
     """Without GQA a decode row's attention matmul would have M == 1, where MLAS
@@ -103,8 +122,9 @@ def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules, real_token
 
 
 @pytest.mark.slow
-def test_real_int8_model_rows_are_exact(real_int8_model_dir, schedules, real_tokenizer):
-    with OrtDecoderPrimitives(real_int8_model_dir, max_lanes=3, max_context=128) as prims:
+@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir"])
+def test_real_int8_and_fp16_models_rows_are_exact(export, schedules, real_tokenizer, request):
+    with OrtDecoderPrimitives(request.getfixturevalue(export), max_lanes=3, max_context=128) as prims:
         tok = real_tokenizer
         sched = schedules({lane: np.asarray(tok.encode(t)[:8], np.int64) for lane, t in enumerate(TEXTS)})
         plain = sched.run(prims, sched.plain())

@@ -46,3 +46,28 @@ def test_bad_prompt_files_are_refused(tmp_path):
     bad.write_text("{not json\n")
     assert "not JSON" in refused("bench", "--prompts", str(bad))
     assert "cannot read" in refused("bench", "--prompts", str(tmp_path / "missing.jsonl"))
+
+
+def test_every_line_is_checked_before_any_model_is_loaded_or_prompt_run(tmp_path, monkeypatch, capsys):
+    """The last line is bad: refused before the model is fetched (an unwritable cache would say so first)
+    and, for what needs the tokenizer, before the backend opens (a missing manifest would say so first)."""
+    from tiny_gguf import write_tiny_gguf
+
+    from sf_trt.cli import main
+
+    write_tiny_gguf(tmp_path / "t64.gguf", context_length=64)
+    good = "".join(json.dumps({"id": f"p{i}", "prompt": "the the", "max_tokens": 2}) + "\n" for i in range(3))
+    (tmp_path / "cache").write_text("not a directory")
+    monkeypatch.setenv("SF_TRT_CACHE", str(tmp_path / "cache"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(good + '{"id": {"nested": 1}, "prompt": "the"}\n')
+    assert main(["bench", "--prompts", str(prompts), "--gguf", str(tmp_path / "t64.gguf")]) == 1
+    assert capsys.readouterr().err.strip() == f"sf-trt: {prompts}:4: id must be a non-empty string or an int (got an object)"
+
+    monkeypatch.setenv("SF_TRT_CACHE", str(tmp_path / "cache2"))
+    prompts.write_text(good + json.dumps({"id": "long", "prompt": "x" * 90}) + "\n")
+    assert main(["bench", "--prompts", str(prompts), "--gguf", str(tmp_path / "t64.gguf"),
+                 "--backend", "tensorrt", "--engines", str(tmp_path / "no_engines")]) == 1
+    err = capsys.readouterr()
+    assert err.out == "" and err.err.strip().splitlines()[-1] == (
+        f"sf-trt: {prompts}:4 (id long): prompt: 90 tokens leave no room in the model's context of 64")

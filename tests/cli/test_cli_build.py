@@ -23,7 +23,7 @@ def vi(name, elem, shape):
 
 
 def relu():
-    return model([h.make_node("Relu", ["x"], ["y"], name="relu")], [vi("x", T.FLOAT, ["rows", 512])], [vi("y", T.FLOAT, None)])
+    return model([h.make_node("Relu", ["x"], ["y"], name="relu")], [vi("x", T.FLOAT, ["rows", 512])], [vi("y", T.FLOAT, ["rows", 512])])
 
 
 def topk_k4000():
@@ -66,6 +66,19 @@ def test_cli_check_exit_codes(tmp_path, capsys):
     capsys.readouterr()
 
 
+def unbounded_int64_mod():
+    """``key % 1000003`` on an int64 input with no declared range (export/OPS.md, "Integer arithmetic")."""
+    m = numpy_helper.from_array(np.array(1000003, np.int64), "m")
+    return model([h.make_node("Mod", ["xi", "m"], ["yi"], name="key_mod")], [vi("xi", T.INT64, ["rows"])], [vi("yi", T.INT64, None)], [m])
+
+
+def test_cli_check_refuses_an_unbounded_integer_mod_naming_it(tmp_path, capsys):
+    onnx.save(unbounded_int64_mod(), tmp_path / "mod.onnx")
+    assert main(["build", "--check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "key_mod (Mod)" in out and "no declared range" in out and "2**24" in out and "#4702" in out
+
+
 def test_cli_check_registry(capsys):
     rc = main(["build", "--check", "--registry"])
     out = capsys.readouterr()
@@ -84,3 +97,19 @@ def test_python_dash_m_runs_the_check(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", "build", "--check", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
     assert "cdf (CumSum)" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_check_of_a_fresh_export_lists_the_one_shape_of_each_engine(tmp_path, capsys):
+    """A model directory stands for the engines the TensorRT backend opens: decoder and verify."""
+    from sf_trt.export.pipeline import export_model_dir
+    from tiny_gguf import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = export_model_dir(tmp_path / "tiny.gguf", tmp_path / "model", progress=False, precision="fp16")
+    assert main(["build", "--check", str(out), "--max-lanes", "2", "--rows-per-lane", "3", "--max-context", "32"]) == 0
+    text = capsys.readouterr().out
+    assert "decoder.onnx: ok" in text and "verify.onnx: ok" in text and "decoder_pass.onnx" not in text
+    assert "engine: decoder, fp16, one shape: batch=2 rows_per_lane=3 logit_rows=6 max_lanes=2 cache_len=33" in text
+    assert "engine: verify, fp32, one shape: rows=6" in text
+    assert "input  float16  [2, 2, 33, 16]" in text  # the KV cache, in the decoder's precision
+    assert "all 2 graph(s) supported" in text

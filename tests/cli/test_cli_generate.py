@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+from tiny_gguf import write_tiny_gguf
 
 
-def sf_trt(*args: str, check: bool = False) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", *args], capture_output=True, text=True, timeout=600)
+def sf_trt(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", *args], capture_output=True, text=True, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
     assert "Traceback" not in proc.stderr, proc.stderr
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -69,7 +72,7 @@ def test_unsupported_architecture_is_refused(tmp_path):
     [
         (["generate", "--prompt", ""], "EMPTY_PROMPT"),
         (["generate", "--prompt-ids", "1,2,99999999"], "outside the vocabulary"),
-        (["generate", "--prompt-ids", ",".join(["5"] * 40), "--max-context", "32"], "PROMPT_TOO_LONG"),
+        (["generate", "--prompt-ids", ",".join(["5"] * 40), "--max-context", "32"], "prompt: 40 tokens leave no room in --max-context 32"),
         (["generate", "--chat", "hi", "--backend", "onnxruntime-cuda"], "no CUDAExecutionProvider"),
     ],
 )
@@ -127,3 +130,67 @@ def test_a_backend_fault_mid_generation_is_one_line_and_a_nonzero_exit(tmp_path,
     assert code == 1
     assert "sf-trt: generation failed after 2 tokens: decode forward (lane 0): InjectedFault" in err
     assert "Traceback" not in err
+
+
+def test_first_use_progress_never_reaches_stdout(tmp_path):
+    """The export on first use (progress, notes) goes to stderr; stdout is the answer alone."""
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    env = {"SF_TRT_CACHE": str(tmp_path / "cache")}
+    args = ("generate", "--gguf", str(tmp_path / "tiny.gguf"), "--prompt", "the the", "--max-tokens", "6", "--threads", "1000")
+    first = sf_trt(*args, check=True, env=env)
+    assert "exported" in first.stderr and "capped to the" in first.stderr
+    again = json.loads(sf_trt(*args, "--json", check=True, env=env).stdout)
+    assert first.stdout == again["text"] + "\n"
+
+
+def test_small_context_models_work_without_flags_and_refusals_name_the_users_numbers(tmp_path):
+    write_tiny_gguf(tmp_path / "t64.gguf", context_length=64)
+    env = {"SF_TRT_CACHE": str(tmp_path / "cache")}
+    gguf = ("--gguf", str(tmp_path / "t64.gguf"))
+    sf_trt("generate", *gguf, "--prompt", "the", check=True, env=env)  # default --max-tokens 256 > 64: runs, stops at 64
+    out = json.loads(sf_trt("generate", *gguf, "--prompt", "x" * 60, "--json", check=True, env=env).stdout)
+    assert out["finish"] == "context" and out["prompt_tokens"] + len(out["tokens"]) == 64
+    proc = sf_trt("generate", *gguf, "--prompt", "x" * 64, env=env)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == "sf-trt: prompt: 64 tokens leave no room in the model's context of 64"
+
+
+def test_a_default_sized_window_accepts_a_prompt_that_fits_the_model(tmp_path):
+    """A 400-token prompt with the default 256 tokens to go needs 656 positions; the model has 512: it runs to 512."""
+    write_tiny_gguf(tmp_path / "tiny.gguf")  # context 512
+    proc = sf_trt("generate", "--gguf", str(tmp_path / "tiny.gguf"), "--prompt", "x" * 400, "--json", check=True,
+                  env={"SF_TRT_CACHE": str(tmp_path / "cache")})
+    out = json.loads(proc.stdout)
+    assert out["finish"] == "context" and out["prompt_tokens"] + len(out["tokens"]) == 512
+
+
+def test_a_damaged_export_in_the_cache_is_rebuilt_and_the_answer_is_the_same(tmp_path):
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    env = {"SF_TRT_CACHE": str(tmp_path / "cache")}
+    args = ("generate", "--gguf", str(tmp_path / "tiny.gguf"), "--prompt", "the the", "--max-tokens", "6")
+    healthy = sf_trt(*args, check=True, env=env).stdout
+    (data,) = (tmp_path / "cache" / "models").glob("*/decoder.onnx.data")
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    data.write_bytes(bytes(raw))
+    again = sf_trt(*args, check=True, env=env)
+    assert again.stdout == healthy and "decoder.onnx.data: sha256 differs" in again.stderr and "exported" in again.stderr
+
+
+@pytest.mark.slow
+def test_a_byte_flipped_in_the_cached_default_gguf_is_fetched_again_never_empty_output(real_gguf, tmp_path):
+    """The default model: the GGUF is checked against its pinned sha256 before an export; a damaged one is
+    extracted again from the wheel, and the answer is the healthy cache's."""
+    from sf_trt.models import DEFAULT_MODEL
+
+    args = ("generate", "--prompt", "The capital of France is", "--max-tokens", "8")
+    healthy = sf_trt(*args, check=True).stdout  # the shared cache
+    cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "wheels").mkdir()
+    os.link(real_gguf.parents[1] / "wheels" / DEFAULT_MODEL.wheel, cache / "wheels" / DEFAULT_MODEL.wheel)
+    raw = bytearray(real_gguf.read_bytes())
+    raw[len(raw) // 3] ^= 0x01
+    (cache / "gguf" / real_gguf.name).write_bytes(bytes(raw))
+    proc = sf_trt(*args, check=True, env={"SF_TRT_CACHE": str(cache)})
+    assert proc.stdout == healthy and proc.stdout.strip()
+    assert "not the expected bytes" in proc.stderr and "extracting it again from the wheel" in proc.stderr

@@ -123,3 +123,84 @@ def test_both_forms_run_from_the_model_dir_bit_for_bit(tiny_model_dir):
             b = p.forward(concat(rows(0, 3, SEQ[12:14]), rows(2, 9, SEQ[14:15])))
             out[form] = np.concatenate([a, b])
     assert np.array_equal(bits(out["pass"]), bits(out["slots"]))
+
+
+def _types(model) -> dict[str, int]:
+    """Every tensor's ONNX element type (inputs, initializers, inferred values, outputs)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+@pytest.mark.parametrize("precision, weight_dtype", [("fp16", "float32"), ("bf16", "float32"), ("fp16", "int8")])
+def test_a_reduced_precision_decoder_keeps_norms_softmax_and_the_residual_in_fp32(tiny, precision, weight_dtype):
+    from onnx import TensorProto as T
+
+    from sf_trt.export.decoder_graph import COMPUTE_TYPES
+    from sf_trt.export.trt_support import check_graph, errors_in, format_findings
+    from sf_trt.formats.model_dir import graph_precision
+
+    cfg, weights = tiny
+    model = build_decoder_graph(cfg, weights, max_lanes=2, max_context=64, precision=precision, weight_dtype=weight_dtype)
+    onnx.checker.check_model(model)
+    assert graph_precision(model) == precision
+    errors = errors_in(check_graph(model))
+    assert not errors, format_findings(errors)
+    ct, types = COMPUTE_TYPES[precision], _types(model)
+    nodes = list(model.graph.node)
+    by_op = lambda op: [n for n in nodes if n.op_type == op]  # noqa: E731
+    # every matmul (weights, attention, lm_head) in the compute type, on both operands
+    assert {types[i] for n in by_op("MatMul") + by_op("Gemm") for i in n.input} == {ct}
+    # the norms' statistics, the softmax and the residual stream in float32
+    assert {types[n.input[0]] for n in by_op("ReduceMean") + by_op("Softmax")} == {T.FLOAT}
+    residual = [n for n in by_op("Add") if "_resid" in n.output[0]]
+    assert len(residual) == 2 * cfg.n_layers and {types[i] for n in residual for i in n.input} == {T.FLOAT}
+    # the KV cache, new_kv and the rotary tables in the compute type; the logits float32
+    io = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]}
+    assert io["past_key_0"] == io["past_value_1"] == io["new_kv"] == ct and io["logits"] == T.FLOAT
+    assert types["rope_cos"] == types["tok_embd"] == ct and types["l0.attn_norm"] == T.FLOAT
+
+
+def test_an_fp32_decoder_has_no_cast(tiny):
+    cfg, weights = tiny
+    model = build_decoder_graph(cfg, weights)
+    assert "Cast" not in {n.op_type for n in model.graph.node}
+    from sf_trt.formats.model_dir import graph_precision
+
+    assert graph_precision(model) == "fp32"
+
+
+def test_a_decoder_of_fixed_lanes_and_context_loads_on_onnxruntime(tiny):
+    """A static cache length once made onnxruntime refuse the graph ("Input to 'Range' op should be scalars")."""
+    cfg, weights = tiny
+    model = build_decoder_graph(cfg, weights, max_lanes=2, max_context=32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    caches = {i.name: np.zeros((2, cfg.n_kv_heads, 33, cfg.head_dim), np.float32) for i in model.graph.input if i.name.startswith("past_")}
+    feeds = {"input_ids": SEQ[None, :4], "positions": np.arange(4)[None], "lane_ids": np.array([1]), "logit_index": np.arange(4), **caches}
+    logits, _ = sess.run(None, feeds)
+    close_to_reference(logits, reference_forward(cfg, weights, SEQ[:4]))
+
+
+def test_the_fp16_decoder_on_onnxruntime_is_close_to_the_reference(tiny, tiny_fp16_model_dir):
+    """Weights rounded to float16 and matmuls in float16: within 0.1% of the largest logit of the float64 model."""
+    cfg, weights = tiny
+    with OrtDecoderPrimitives(tiny_fp16_model_dir, max_lanes=1, max_context=64) as p:
+        assert p.precision == "fp16"
+        got = p.forward(rows(0, 0, SEQ[:32]))
+    want = reference_forward(cfg, weights, SEQ[:32])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * float(np.abs(want).max()))
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+
+
+def test_a_bf16_decoder_is_refused_by_onnxruntime_in_one_line(tiny, tmp_path):
+    from sf_trt.export.pipeline import write_model_dir
+
+    from sf_trt.abi import Status, StatusError
+
+    cfg, weights = tiny
+    out = write_model_dir(tmp_path / "m", cfg, build_decoder_graph(cfg, weights, precision="bf16"))
+    with pytest.raises(StatusError, match=r"holds a bf16 decoder, which onnxruntime's CPU kernels do not run .*--precision fp32 or fp16") as err:
+        OrtDecoderPrimitives(out, max_lanes=1, max_context=16)
+    assert err.value.status == Status.UNSUPPORTED and "\n" not in str(err.value)

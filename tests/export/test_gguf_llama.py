@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
-from sf_trt.export.gguf_llama import GGUFError, load_gguf, open_reader, read_tokenizer
+from sf_trt.export.gguf_llama import GGUFError, check_gguf_file, load_gguf, open_reader, read_tokenizer
 from tiny_gguf import SPECIALS, TEMPLATE, write_tiny_gguf
 
 
@@ -76,3 +78,43 @@ def test_the_gguf_is_smollm2_135m(real_weights):
     assert (cfg.bos, cfg.eos, cfg.rope_theta, cfg.context_length) == (1, 2, 100000.0, 8192)
     assert weights.tok_embd.shape == (49152, 576) and weights.layers[0].wk.shape == (192, 576)
     assert all(np.isfinite(getattr(weights.layers[29], f)).all() for f in ("wq", "w_down"))
+
+
+@pytest.mark.parametrize(
+    "meta, words",
+    [
+        ({"block_count": 10**9}, "llama.block_count 1000000000 needs 9000000002 tensors, the file holds 20"),
+        ({"block_count": 3}, "llama.block_count 3 needs 29 tensors, the file holds 20"),
+        ({"block_count": 1}, "tensor 'blk.1.attn_k.weight' lies beyond llama.block_count 1"),
+        ({"embedding_length": 32}, "partial rotary embeddings (rope dims 16 of head dim 8)"),
+        ({"embedding_length": 32, "rope_dimension_count": 8}, "tensor 'token_embd.weight' has shape (262, 64), the metadata implies (262, 32)"),
+        ({"feed_forward_length": 4096}, "tensor 'blk.0.ffn_gate.weight' has shape (128, 64), the metadata implies (4096, 64)"),
+        ({"head_count_kv": 4}, "tensor 'blk.0.attn_k.weight' has shape (32, 64), the metadata implies (64, 64)"),
+        ({"context_length": 2**31}, "context_length 2147483648 exceeds 1048576"),
+        ({"head_count": 0}, "llama.attention.head_count 0 is not a positive count"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_crafted_metadata_is_refused_before_anything_is_allocated(tmp_path, meta, words):
+    import time
+
+    write_tiny_gguf(tmp_path / "crafted.gguf", meta=meta)
+    t0 = time.perf_counter()
+    with pytest.raises(GGUFError, match=re.escape(words)) as err:
+        load_gguf(tmp_path / "crafted.gguf")
+    assert time.perf_counter() - t0 < 5 and "\n" not in str(err.value)
+    with pytest.raises(GGUFError, match=re.escape(words)):
+        check_gguf_file(tmp_path / "crafted.gguf")
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
+    def poison(name, arr):
+        if name == "blk.1.attn_v.weight":
+            arr = arr.copy()
+            arr[3, 5] = np.nan
+            arr[0, 0] = np.inf
+        return arr
+
+    write_tiny_gguf(tmp_path / "nan.gguf", tensor_fn=poison)
+    with pytest.raises(GGUFError, match=r"tensor 'blk\.1\.attn_v\.weight' holds 2 non-finite values \(NaN or inf\); the file is damaged"):
+        load_gguf(tmp_path / "nan.gguf")

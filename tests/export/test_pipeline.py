@@ -1,11 +1,17 @@
-"""GGUF to model directory (sf_trt.export.pipeline): what it writes, when it reuses."""
+"""GGUF to model directory (sf_trt.export.pipeline): what it writes, when it reuses,
+what it never destroys, and what an interrupted export leaves (nothing)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
+import pytest
 from rows import close_to_reference, rows
-from sf_trt.export.pipeline import export_model_dir
+from sf_trt.export.pipeline import OutDirError, export_model_dir
 from sf_trt.export.reference import reference_forward
 from tiny_gguf import SPECIALS, write_tiny_gguf
 
@@ -33,3 +39,79 @@ def test_export_model_dir_writes_then_reuses(tmp_path):
     write_tiny_gguf(tmp_path / "tiny.gguf", seed=1)
     export_model_dir(tmp_path / "tiny.gguf", out, progress=False)
     assert ModelDir.open(out).gguf_sha256 != meta["gguf"]["sha256"]
+
+
+def _beside(out):
+    """Entries next to ``out`` other than ``out`` itself (temporaries, old copies)."""
+    return sorted(p.name for p in out.parent.iterdir() if p.name not in (out.name, "tiny.gguf", "sub"))
+
+
+def test_a_folder_of_other_files_is_never_replaced(tmp_path):
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    with pytest.raises(OutDirError, match=r"notes: not empty and not an sf_trt model directory \(holds thesis\.tex\); refusing"):
+        export_model_dir(tmp_path / "tiny.gguf", out, progress=False)
+    assert os.listdir(out) == ["thesis.tex"] and _beside(out) == []
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "file").write_text("a file")
+    with pytest.raises(OutDirError, match="file: is a file, not a model directory"):
+        export_model_dir(tmp_path / "tiny.gguf", tmp_path / "sub" / "file", progress=False)
+    assert (tmp_path / "sub" / "file").read_text() == "a file"
+    export_model_dir(tmp_path / "tiny.gguf", out, progress=False, force=True)  # asked for: replaced
+    assert "thesis.tex" not in os.listdir(out) and ModelDir.open(out) and _beside(out) == []
+
+
+def test_an_earlier_export_is_replaced_whole_and_nothing_is_left_beside(tmp_path):
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = export_model_dir(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
+    first = ModelDir.open(out).gguf_sha256
+    write_tiny_gguf(tmp_path / "tiny.gguf", seed=1)
+    export_model_dir(tmp_path / "tiny.gguf", out, progress=False)
+    assert ModelDir.open(out).gguf_sha256 != first and _beside(out) == []
+
+
+def test_a_damaged_export_is_rebuilt_from_its_gguf(tmp_path):
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = export_model_dir(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
+    data = bytearray((out / "decoder.onnx.data").read_bytes())
+    data[100] ^= 0xFF
+    (out / "decoder.onnx.data").write_bytes(bytes(data))
+    export_model_dir(tmp_path / "tiny.gguf", out, progress=False)
+    ModelDir.open(out)  # matches its digests again
+
+
+def _wait_for_temporary(out, proc, timeout=300.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.sf_trt-tmp-")]
+        if found and any(found[0].iterdir()):
+            return found[0]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError("the export never started writing")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_an_export_killed_midway_keeps_the_earlier_one_and_leaves_no_temporary(real_gguf, tmp_path, sig):
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = export_model_dir(tmp_path / "tiny.gguf", tmp_path / "model", progress=False)
+    earlier = ModelDir.open(out).gguf_sha256
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sf_trt.cli", "export", "--gguf", str(real_gguf), "--out", str(out), "--weights", "float32"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    _wait_for_temporary(out, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert ModelDir.open(out).gguf_sha256 == earlier  # the earlier export, whole
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+        assert err.strip().splitlines()[-1] == "sf-trt: terminated by SIGTERM; unfinished files removed"
+        assert _beside(out) == []
+    else:
+        assert proc.returncode == -signal.SIGKILL and len(_beside(out)) == 1  # nothing can clean up after SIGKILL ...
+        export_model_dir(tmp_path / "tiny.gguf", out, progress=False)  # ... the next export does
+        assert _beside(out) == []

@@ -6,6 +6,7 @@ import importlib.util
 
 import onnx
 import pytest
+from manifests import write_engines_dir
 from onnx import TensorProto as T
 from onnx import helper as h
 from sf_trt.export.trt_config import BuildConfig, BuildError
@@ -19,15 +20,16 @@ from sf_trt.graphs.copy_model import build_copy_graph
 def test_without_tensorrt_the_primitives_and_the_build_refuse_clearly(tmp_path):
     if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("tensorrt is importable here: the refusal path is not reachable")
+    engines = write_engines_dir(tmp_path / "engines_in", ("copy_model", "verify"))  # a sound manifest: TensorRT is next
     with pytest.raises(StatusError, match=r"TensorRTPrimitives: TensorRT not available: ") as err:
-        TensorRTPrimitives.open(tmp_path)
+        TensorRTPrimitives.open(engines)
     assert err.value.status == Status.UNSUPPORTED
     from sf_trt.export.trt_build import build_engine
 
     graph = tmp_path / "copy_model.onnx"
     onnx.save(build_copy_graph(vocab=16, eos=15, max_lanes=2, max_context=8), graph)
     with pytest.raises(BuildError, match=r"^TensorRT not available: "):
-        build_engine(graph, BuildConfig(max_rows_per_pass=8, max_lanes=2, max_context=8), tmp_path / "engines")
+        build_engine(graph, BuildConfig(max_lanes=2, rows_per_lane=4, max_context=8), tmp_path / "engines")
     assert not (tmp_path / "engines").exists()
 
 
@@ -67,9 +69,31 @@ def test_tensorrt_build_writes_an_engine_its_manifest_accepts(tmp_path):
 
     graph = tmp_path / "copy_model.onnx"
     onnx.save(build_copy_graph(vocab=64, eos=63, max_lanes=4, max_context=64), graph)
-    cfg = BuildConfig(precision="fp16", max_rows_per_pass=32, max_lanes=4, max_context=64, timing_cache=str(tmp_path / "timing.cache"))
+    cfg = BuildConfig(max_lanes=4, rows_per_lane=8, max_context=64, timing_cache=str(tmp_path / "timing.cache"))
     entry = build_engine(graph, cfg, tmp_path / "engines", log=lambda s: None)
     assert read_manifest(tmp_path / "engines")["copy_model"] == entry
     check_manifest(entry, trt.__version__, device_info()[0], engine_path=tmp_path / "engines" / entry.engine_file)
     assert (tmp_path / "timing.cache").stat().st_size > 0
     assert BufferPlan.from_manifest(entry) == BufferPlan.from_onnx(graph, cfg, name="copy_model")
+    assert entry.settings.builder_flags_cleared == ("TF32",) and entry.precision == "fp32"
+
+
+def test_a_decoder_with_a_fixed_cache_is_built_only_at_its_shape(tmp_path, tiny):
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.trt_build import graph_to_build
+
+    cfg, weights = tiny
+    onnx.save(build_decoder_graph(cfg, weights, max_lanes=2, max_context=32), tmp_path / "decoder.onnx")
+    with pytest.raises(BuildError, match=r"its KV cache is fixed at 2 lanes x 32 positions; build it with --max-lanes 2 --max-context 32 \(got 8 and 2048\)"):
+        graph_to_build(tmp_path / "decoder.onnx", BuildConfig())
+    graph = graph_to_build(tmp_path / "decoder.onnx", BuildConfig(max_lanes=2, rows_per_lane=3, max_context=32))
+    assert (graph.kind, graph.precision) == ("decoder", "fp32") and graph.profile.max_dims() == {"batch": 2, "rows_per_lane": 3, "logit_rows": 6}
+
+
+def test_a_verify_variant_whose_inputs_tensorrt_would_drop_is_refused_naming_them(tmp_path):
+    from sf_trt.export.trt_build import graph_to_build
+    from sf_trt.graphs.verify import build_verify_graph
+
+    onnx.save(build_verify_graph(64, 16, top_k=False), tmp_path / "verify_no_topk.onnx")
+    with pytest.raises(BuildError, match=r"would refuse 1 node\(s\):\n  error: top_k: graph input read by no node; TensorRT drops it"):
+        graph_to_build(tmp_path / "verify_no_topk.onnx", BuildConfig())

@@ -19,6 +19,7 @@ from sf_trt.export.trt_support import (
     check_graph,
     errors_in,
 )
+from sf_trt.graphs.ranges import declare_ranges
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,6 +130,18 @@ def _bitshift_in_loop_body():
     )
 
 
+def _unbounded_int64_mod():
+    """``key % 1000003`` on an int64 input with no declared range: TensorRT may round the
+    division through float32 (NVIDIA/TensorRT#4702)."""
+    return model([h.make_node("Mod", ["xi", "m"], ["yi"], name="key_mod", fmod=0)], [XI], [YI], [i64("m", 1000003)])
+
+
+def _wide_int64_div():
+    """A declared range, but one that reaches past 2**24."""
+    m = model([h.make_node("Div", ["xi", "d"], ["yi"], name="wide_div")], [XI], [YI], [i64("d", 3)])
+    return declare_ranges(m, inputs={"xi": (0, 2**40)})
+
+
 def _bitshift_in_local_function():
     fn = h.make_function(
         "sf.local", "Scramble", ["a"], ["b"],
@@ -156,6 +169,8 @@ BAD = {
     "Cast to INT16": (_int16_cast, "to_int16", "to=INT16"),
     "BitShift in a Loop body": (_bitshift_in_loop_body, "body_shift", "BitShift is not supported"),
     "BitShift in a local function": (_bitshift_in_local_function, "fn_shift", "BitShift is not supported"),
+    "unbounded int64 Mod": (_unbounded_int64_mod, "key_mod", "no declared range"),
+    "int64 Div past 2**24": (_wide_int64_div, "wide_div", "reach(es) 2**24"),
 }
 
 
@@ -180,7 +195,7 @@ def test_what_passes():
         # TopK with a constant K under the bound, sorted; CumSum with a constant axis; Mod on ints
         model([h.make_node("TopK", ["x", "k"], ["v", "i"], name="topk")], [X], [vi("v", T.FLOAT, None), vi("i", T.INT64, None)], [i64("k", [64])]),
         model([h.make_node("CumSum", ["x", "axis"], ["y"], name="cdf")], [X], [Y], [i64("axis", 1)]),
-        model([h.make_node("Mod", ["xi", "m"], ["yi"], name="imod")], [XI], [YI], [i64("m", 7)]),
+        declare_ranges(model([h.make_node("Mod", ["xi", "m"], ["yi"], name="imod")], [XI], [YI], [i64("m", 7)]), inputs={"xi": (-(2**20), 2**20)}),
         model([h.make_node("Mod", ["x", "x"], ["y"], name="fmod", fmod=1)], [X], [Y]),
         # axis from a Constant node counts as a build-time constant
         model(
@@ -222,6 +237,12 @@ def test_check_dir_reports_per_file(tmp_path):
     result = check_dir(tmp_path)
     assert sorted(result) == ["bad.onnx", "good.onnx"]
     assert result["good.onnx"] == [] and errors_in(result["bad.onnx"])
+
+
+def test_a_graph_with_unproven_integer_arithmetic_other_than_division_gets_a_warning():
+    m = model([h.make_node("Mul", ["xi", "xi"], ["yi"], name="square")], [XI], [YI])
+    found = check_graph(m)
+    assert errors_in(found) == [] and [(f.node, f.severity) for f in found] == [("square", "warning")]
 
 
 def test_local_function_findings_name_the_call_site():

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import re
 from pathlib import Path
 
 import onnx
 import pytest
-from sf_trt.export.trt_config import BuildConfig
+from manifests import engine_entry
 
-from sf_trt.formats.files import sha256_file
 from sf_trt.formats.manifest import (
+    MANIFEST_FORMAT,
     EngineManifest,
     ManifestError,
     check_manifest,
@@ -19,22 +19,11 @@ from sf_trt.formats.manifest import (
     read_manifest,
     write_manifest,
 )
-from sf_trt.formats.shapes import derive_profiles, onnx_io
 from sf_trt.graphs.copy_model import build_copy_graph
 
 
 def _entry(tmp_path, name="copy_model", trt="10.3.0", cc="9.0") -> EngineManifest:
-    engine = tmp_path / f"{name}.engine"
-    engine.write_bytes(b"serialized engine bytes of " + name.encode())
-    graph = tmp_path / f"{name}.onnx"
-    onnx.save(build_copy_graph(vocab=16, eos=15, max_lanes=2, max_context=8), graph)
-    cfg = BuildConfig(max_rows_per_pass=8, max_lanes=2, max_context=8)
-    return EngineManifest(
-        name=name, engine_file=engine.name, engine_sha256=sha256_file(engine), onnx_file=str(graph),
-        onnx_sha256=sha256_file(graph), tensorrt_version=trt, compute_capability=cc, gpu_name="NVIDIA H200",
-        precision="fp16", io=tuple(onnx_io(graph)), profiles=(derive_profiles(graph, cfg),),
-        build=dataclasses.asdict(cfg), created_utc="2026-12-02T00:00:00+00:00", meta={"eos": "15"},
-    )
+    return engine_entry(tmp_path, name, trt, cc)
 
 
 REFUSALS = {
@@ -54,7 +43,10 @@ def test_manifest_round_trip_keeps_every_engine(tmp_path):
     assert back == {"copy_model": a, "verify": b}
     assert read_manifest(tmp_path / "manifest.json") == back
     data = json.loads((tmp_path / "manifest.json").read_text())
-    assert data["format"] == 1 and data["engines"]["copy_model"]["engine_sha256"] == a.engine_sha256
+    assert data["format"] == 2 and data["engines"]["copy_model"]["engine_sha256"] == a.engine_sha256
+    recorded = data["engines"]["copy_model"]["settings"]  # what the build did, as data
+    assert recorded["network_flags"] == ["STRONGLY_TYPED"] and recorded["builder_flags_cleared"] == ["TF32"]
+    assert recorded["profiles"][0]["dims"] == {"rows": [8, 8, 8]} and back["copy_model"].settings == a.settings
     check_manifest(back["copy_model"], "10.3.0", (9, 0), engine_path=tmp_path / a.engine_file, onnx_path=a.onnx_file)
 
 
@@ -85,8 +77,53 @@ def test_a_missing_or_malformed_manifest_is_refused_clearly(tmp_path):
     with pytest.raises(ManifestError, match="cannot read manifest"):
         read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format": 99, "engines": {}}))
-    with pytest.raises(ManifestError, match="has format 99; expected format 1"):
+    with pytest.raises(ManifestError, match="has format 99; expected format 2"):
         read_manifest(tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": 1, "engines": {"x": {"name": "x"}}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 2, "engines": {"x": {"name": "x"}}}))
     with pytest.raises(ManifestError, match=r"manifest entry 'x' is malformed \(KeyError"):
         read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("engine_file", ["../../etc/x", "/etc/passwd", "sub/../../x.engine", "C:\\\\x.engine", "..\\\\x.engine", "", 5])
+def test_an_engine_file_outside_the_engines_directory_is_refused(tmp_path, engine_file):
+    entry = _entry(tmp_path).to_json()
+    entry["engine_file"] = engine_file
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": MANIFEST_FORMAT, "engines": {"copy_model": entry}}))
+    with pytest.raises(ManifestError, match=r"manifest entry 'copy_model': engine_file .* (is not a path inside the engines directory|is not a file name)"):
+        read_manifest(tmp_path)
+
+
+def test_an_engine_file_in_a_subdirectory_is_fine(tmp_path):
+    entry = _entry(tmp_path).to_json()
+    entry["engine_file"] = "sm90/copy_model.engine"
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": MANIFEST_FORMAT, "engines": {"copy_model": entry}}))
+    assert read_manifest(tmp_path)["copy_model"].engine_file == "sm90/copy_model.engine"
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (b'{"format": 2, "engines": {"x": [1, 2]}}', "manifest entry is list, expected an object"),
+        (b'{"format": 2, "engines": {"x": {"name": "x", "io": 5}}}', "manifest entry 'x' is malformed"),
+        (b'{"format": 2, "engines": {"x": "\xff"}}', "cannot read manifest"),
+        (b"[" * 100000, "cannot read manifest"),
+    ],
+)
+def test_malformed_manifests_are_refused_in_one_line(tmp_path, data, words):
+    (tmp_path / "manifest.json").write_bytes(data)
+    with pytest.raises(ManifestError, match=re.escape(words)) as err:
+        read_manifest(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_check_engine_file_needs_no_tensorrt(tmp_path):
+    from sf_trt.formats.manifest import check_engine_file
+
+    entry = _entry(tmp_path)
+    assert check_engine_file(entry, tmp_path) == tmp_path / entry.engine_file
+    (tmp_path / entry.engine_file).write_bytes(b"another engine")
+    with pytest.raises(ManifestError, match=r"refusing engine 'copy_model': engine file sha256 .* \(damaged or replaced\)"):
+        check_engine_file(entry, tmp_path)
+    (tmp_path / entry.engine_file).unlink()
+    with pytest.raises(ManifestError, match=r"engine file .*copy_model\.engine' is missing"):
+        check_engine_file(entry, tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -12,7 +11,7 @@ from sf_trt.export.registry import GRAPHS
 
 from sf_trt.formats.shapes import (
     DIM_ROLES,
-    FIXED_ROLES,
+    ROLES,
     Profile,
     ShapeError,
     ShapeLimits,
@@ -26,28 +25,36 @@ def _graph_with_input_dims(dims):
     return h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [x], [y]), opset_imports=[h.make_opsetid("", 17)])
 
 
-def test_profiles_come_from_the_graphs_named_dims():
+def test_profiles_come_from_the_graphs_named_dims_and_are_fixed():
     graph = GRAPHS["copy_model"]()  # history [4, 128] static; lanes, positions [rows]; logits [rows, 512]
-    cfg = ShapeLimits(max_rows_per_pass=64, max_lanes=4, max_context=128)
+    cfg = ShapeLimits(max_lanes=4, rows_per_lane=16, max_context=128)
     p = derive_profiles(graph, cfg)
-    assert p.dims == {"rows": (1, 4, 64)}  # opt: one decode row per lane
-    assert p.inputs == {"lanes": ((1,), (4,), (64,)), "positions": ((1,), (4,), (64,))}
-    assert p.static == {"history": (4, 128)}
+    assert p.dims == {"rows": (64, 64, 64)}  # every run takes lanes x rows per lane rows
+    assert p.inputs == {"lanes": ((64,), (64,), (64,)), "positions": ((64,), (64,), (64,))}
+    assert p.static == {"history": (4, 128)} and p.unfixed() == []
     assert Profile.from_json(json.loads(json.dumps(p.to_json()))) == p
-    p2 = derive_profiles(graph, dataclasses.replace(cfg, opt_rows_per_pass=32))
-    assert p2.dims["rows"] == (1, 32, 64)
 
 
-def test_every_role_of_the_dim_table_is_bounded_by_the_config():
-    cfg = ShapeLimits(max_rows_per_pass=100, max_lanes=7, max_context=300)
+def test_the_decoders_profile_is_every_lane_slot_at_rows_per_lane():
+    p = derive_profiles(GRAPHS["decoder"](), ShapeLimits(max_lanes=3, rows_per_lane=5, max_context=40))
+    assert p.dims == {"batch": (3, 3, 3), "rows_per_lane": (5, 5, 5), "logit_rows": (15, 15, 15), "max_lanes": (3, 3, 3), "cache_len": (41, 41, 41)}
+    assert p.inputs["input_ids"][0] == (3, 5) and p.inputs["logit_index"][0] == (15,) and p.inputs["past_key_0"][0][::2] == (3, 41)
+
+
+def test_every_role_of_the_dim_table_is_sized_by_the_shapes():
+    cfg = ShapeLimits(max_lanes=7, rows_per_lane=3, max_context=300)
     p = derive_profiles(_graph_with_input_dims(["lanes", "context", "rows"]), cfg)
-    assert p.inputs["x"] == ((1, 1, 1), (7, 300, 7), (7, 300, 100))
+    assert p.inputs["x"] == ((7, 300, 21),) * 3
+    want = {"rows_per_pass": 21, "rows_per_lane": 3, "lanes": 7, "context": 300, "lane_slots": 7, "cache_len": 301}
+    assert set(want) == set(ROLES)
     for name, role in DIM_ROLES.items():
-        lo, _, hi = derive_profiles(_graph_with_input_dims([name]), cfg).dims[name]
-        if role in FIXED_ROLES:
-            assert lo == hi == {"lane_slots": 7, "cache_len": 301}[role], name
-        else:
-            assert (lo, hi) == (1, getattr(cfg, f"max_{role}")), name
+        assert derive_profiles(_graph_with_input_dims([name]), cfg).dims[name] == (want[role],) * 3, name
+
+
+def test_shape_limits_refuse_what_is_not_a_size():
+    for field in ("max_lanes", "rows_per_lane", "max_context"):
+        with pytest.raises(ShapeError, match=rf"ShapeLimits: {field} must be an int >= 1 \(got 0\)"):
+            ShapeLimits(**{field: 0})
 
 
 def test_an_unknown_or_unnamed_dynamic_dim_is_refused_by_name():
@@ -63,5 +70,4 @@ def test_an_unknown_or_unnamed_dynamic_dim_is_refused_by_name():
 def test_every_registry_graph_has_a_profile(name):
     graph = GRAPHS[name]()
     p = derive_profiles(graph, ShapeLimits())
-    for inp, (lo, mid, hi) in p.inputs.items():
-        assert all(a <= b <= c for a, b, c in zip(lo, mid, hi)), inp
+    assert p.unfixed() == [], name

@@ -22,11 +22,21 @@ from .runners import EngineRunner
 __all__ = ["CopyModel", "Decoder", "COPY_STATE", "DECODER_INPUTS"]
 
 
+def _padded(values: np.ndarray, size: int, fill: int, dtype) -> np.ndarray:
+    """``values`` then ``fill`` up to ``size`` entries, as ``dtype``."""
+    out = np.full(size, fill, dtype)
+    out[: values.size] = values
+    return out
+
+
 class CopyModel:
     """The fake's copy model: the state is each lane's tokens by position.
 
     Inputs ``history [max_lanes, max_context]`` (bound: the state) and the
-    logit rows' ``lanes`` / ``positions`` ``[rows]``; output ``logits``.
+    logit rows' ``lanes`` / ``positions`` ``[rows]``; output ``logits``. Every
+    run takes exactly ``rows`` rows (the engine's one shape): a pass's logit rows
+    are padded (lane 0, position 0; their logits dropped) and split into runs of
+    that many.
     """
 
     def __init__(self, runner: EngineRunner, dev: Device) -> None:
@@ -42,7 +52,10 @@ class CopyModel:
         missing = [b.name for b in self.row_inputs if b.name not in ("lanes", "positions")]
         if missing:
             raise refuse(f"copy-model engine {runner.name!r} has inputs {missing}; expected only history, lanes, positions")
-        self.max_rows = min(b.shape[0] for b in self.row_inputs)
+        sizes = {b.shape[0] for b in self.row_inputs} | {logits.shape[0]}
+        if len(sizes) != 1:
+            raise refuse(f"copy-model engine {runner.name!r}: lanes, positions and logits take {sorted(sizes)} rows; expected one size")
+        self.max_rows = sizes.pop()
         self.logits_name = logits.name
         self.state = dev.zeros(state.shape, state.dtype)
         self.state_dtype = state.dtype
@@ -54,12 +67,21 @@ class CopyModel:
             self.state, (dev.to_device(rows.lanes), dev.to_device(rows.positions)),
             dev.to_device(rows.tokens.astype(numpy_dtype(self.state_dtype))),
         )
-        k = int(rows.logit_rows.size)
+        k, size = int(rows.logit_rows.size), self.max_rows
         if k == 0:
             return dev.zeros((0, vocab), "float32")
-        pick = rows.logit_rows
-        feeds = {b.name: dev.to_device(getattr(rows, b.name)[pick].astype(numpy_dtype(b.dtype))) for b in self.row_inputs}
-        return self.runner.run(feeds, capturable=k <= self.max_lanes)[self.logits_name]
+        picked = {b.name: getattr(rows, b.name)[rows.logit_rows] for b in self.row_inputs}
+        out = None
+        for lo in range(0, k, size):
+            m = min(size, k - lo)
+            feeds = {b.name: dev.to_device(_padded(picked[b.name][lo : lo + m], size, 0, numpy_dtype(b.dtype))) for b in self.row_inputs}
+            logits = self.runner.run(feeds)[self.logits_name]
+            if k <= size:
+                return logits[:k]
+            if out is None:
+                out = dev.zeros((k, vocab), "float32")
+            dev.put(out, (slice(lo, lo + m),), logits[:m])
+        return out
 
     def close(self) -> None:
         self.state = None
@@ -68,13 +90,16 @@ class CopyModel:
 class Decoder:
     """A Llama decoder (the model directory's ``decoder.onnx``): the state is each layer's KV cache.
 
-    A pass packs its rows as ``[B lanes, T rows]`` (lanes in order of first
-    appearance, short lanes padded with the trash position ``max_context``),
-    asks for the logit rows by flat index ``b * T + t``, and gets this pass's
-    K/V back as ``new_kv [layers, 2, B, T, kv_heads, head_dim]``; the real rows'
-    K/V are then written into the caches at ``(lane, :, position, :)`` on the
-    device. Rolled-back positions are masked by the graph (keys ``j <= p`` only)
-    and overwritten by the next pass there.
+    Every run has the engine's one shape ``[L lanes, T rows per lane]`` (``L`` = the
+    cache's lane slots): lane ``l`` of a pass always sits at batch index ``l``, and a
+    lane's rows (consecutive positions from its first in the pass) fill its row at
+    ``t = (position - first) mod T``, in run ``(position - first) div T``; everything
+    else is padding at the trash position ``max_context``. Each run asks for its logit
+    rows by flat index ``l * T + t`` (padded to ``L * T``) and returns this run's K/V as
+    ``new_kv [layers, 2, L, T, kv_heads, head_dim]``; the real rows' K/V are written
+    into the caches at ``(lane, :, position, :)`` on the device before the next run,
+    which is how a lane split across runs sees its earlier rows. Rolled-back positions
+    are masked by the graph (keys ``j <= p`` only) and overwritten by the next pass.
     """
 
     def __init__(self, runner: EngineRunner, dev: Device) -> None:
@@ -91,13 +116,18 @@ class Decoder:
         self.max_lanes, _, cache_len, _ = cache.shape
         self.max_context = cache_len - 1  # the last slot takes padding rows' K/V
         self.vocab = plan["logits"].shape[1]
-        batch_max, rows_max, logit_max = plan["lane_ids"].shape[0], plan["input_ids"].shape[1], plan["logit_index"].shape[0]
-        if batch_max < self.max_lanes:
+        batch, self.rows_per_lane = plan["input_ids"].shape
+        if batch != self.max_lanes or plan["lane_ids"].shape[0] != batch:
             raise refuse(
-                f"decoder engine {runner.name!r}: its profile takes {batch_max} lanes a pass, its cache holds "
-                f"{self.max_lanes}; rebuild it with --max-lanes {self.max_lanes}"
+                f"decoder engine {runner.name!r}: its runs take {batch} lanes, its cache holds {self.max_lanes}; "
+                f"rebuild it with `sf-trt build` (a run takes every lane slot)"
             )
-        self.max_rows = min(rows_max, logit_max)
+        if plan["logit_index"].shape[0] != batch * self.rows_per_lane:
+            raise refuse(
+                f"decoder engine {runner.name!r}: {plan['logit_index'].shape[0]} logit rows a run, expected "
+                f"{batch} lanes x {self.rows_per_lane} rows = {batch * self.rows_per_lane}"
+            )
+        self.max_rows = batch * self.rows_per_lane
         self.bufs = {}
         for pair in self.caches:
             for name in pair:
@@ -105,39 +135,51 @@ class Decoder:
                 self.bufs[name] = dev.zeros(b.shape, b.dtype)
                 runner.bind(name, self.bufs[name])
         self.dtypes = {name: numpy_dtype(plan[name].dtype) for name in DECODER_INPUTS}
+        self.lane_ids = dev.to_device(np.arange(batch).astype(self.dtypes["lane_ids"]))  # lane l at index l, always
 
     def forward(self, rows: Rows, vocab: int) -> Any:
-        dev, n = self.dev, rows.num_rows
+        dev, n, k = self.dev, rows.num_rows, int(rows.logit_rows.size)
         if n == 0:
             return dev.zeros((0, vocab), "float32")
-        # Pack: lane b of the pass in order of first appearance, row t within it.
-        order, b_of = [], {}
-        for lane in rows.lanes.tolist():
-            if lane not in b_of:
-                b_of[lane] = len(order)
-                order.append(lane)
-        b_idx = np.array([b_of[lane] for lane in rows.lanes.tolist()], np.int64)
-        first = np.full(self.max_lanes, np.iinfo(np.int64).max, np.int64)
+        L, T = self.max_lanes, self.rows_per_lane
+        first = np.full(L, np.iinfo(np.int64).max, np.int64)
         np.minimum.at(first, rows.lanes, rows.positions)
-        t_idx = rows.positions - first[rows.lanes]  # a lane's rows are consecutive positions
-        n_lanes, t_len = len(order), int(t_idx.max()) + 1
-        input_ids = np.zeros((n_lanes, t_len), np.int64)
-        positions = np.full((n_lanes, t_len), self.max_context, np.int64)  # padding: the trash slot
-        input_ids[b_idx, t_idx] = rows.tokens
-        positions[b_idx, t_idx] = rows.positions
-        k = int(rows.logit_rows.size)
-        # A pass with no logit rows still writes K/V: ask for row 0 and drop it.
-        logit_index = (b_idx * t_len + t_idx)[rows.logit_rows] if k else np.zeros(1, np.int64)
-        host = {"input_ids": input_ids, "positions": positions, "lane_ids": np.array(order, np.int64), "logit_index": logit_index}
+        run_of, t = np.divmod(rows.positions - first[rows.lanes], T)  # a lane's rows are consecutive positions
+        flat = rows.lanes * T + t  # each row's index among a run's L * T rows
+        n_runs, out = int(run_of.max()) + 1, None
+        for r in range(n_runs):
+            here = np.flatnonzero(run_of == r)
+            want = np.flatnonzero(run_of[rows.logit_rows] == r)  # the logit rows this run computes
+            wanted_rows, pick = np.unique(rows.logit_rows[want], return_inverse=True)
+            logits = self._run(rows, here, t[here], flat[wanted_rows])
+            if n_runs == 1 and np.array_equal(pick, np.arange(k)):
+                return logits[:k]  # the common case: one run, logit rows in order
+            if k:
+                out = dev.zeros((k, vocab), "float32") if out is None else out
+                dev.put(out, (dev.to_device(want),), logits[dev.to_device(pick.astype(np.int64))])
+        return out if k else dev.zeros((0, vocab), "float32")
+
+    def _run(self, rows: Rows, here: np.ndarray, t: np.ndarray, logit_flat: np.ndarray) -> Any:
+        """One run of the rows ``here`` (at row ``t`` of their lane); writes their K/V into the
+        caches and returns the logits of the rows at ``logit_flat`` (first ``logit_flat.size`` rows)."""
+        dev, L, T = self.dev, self.max_lanes, self.rows_per_lane
+        lanes = rows.lanes[here]
+        input_ids = np.zeros((L, T), np.int64)
+        positions = np.full((L, T), self.max_context, np.int64)  # padding: the trash slot
+        input_ids[lanes, t] = rows.tokens[here]
+        positions[lanes, t] = rows.positions[here]
+        host = {"input_ids": input_ids, "positions": positions, "logit_index": _padded(logit_flat, L * T, 0, np.int64)}
         feeds = {name: dev.to_device(a.astype(self.dtypes[name])) for name, a in host.items()}
-        out = self.runner.run(feeds, capturable=t_len == 1)
-        new_kv = out["new_kv"]  # [layers, 2, B, T, kv_heads, head_dim]
-        at = (dev.to_device(rows.lanes), slice(None), dev.to_device(rows.positions), slice(None))
-        rows_bt = (dev.to_device(b_idx), dev.to_device(t_idx))
+        feeds["lane_ids"] = self.lane_ids
+        out = self.runner.run(feeds)
+        new_kv = out["new_kv"]  # [layers, 2, L, T, kv_heads, head_dim]
+        lanes_dev = dev.to_device(lanes)
+        at = (lanes_dev, slice(None), dev.to_device(rows.positions[here]), slice(None))
+        rows_lt = (lanes_dev, dev.to_device(t))
         for layer, (key_name, value_name) in enumerate(self.caches):
-            dev.put(self.bufs[key_name], at, new_kv[layer, 0][rows_bt])
-            dev.put(self.bufs[value_name], at, new_kv[layer, 1][rows_bt])
-        return out["logits"] if k else dev.zeros((0, vocab), "float32")
+            dev.put(self.bufs[key_name], at, new_kv[layer, 0][rows_lt])
+            dev.put(self.bufs[value_name], at, new_kv[layer, 1][rows_lt])
+        return out["logits"]
 
     def close(self) -> None:
         self.bufs.clear()

@@ -61,7 +61,7 @@ class BufferPlan:
     engine: str
     buffers: tuple[BufferSpec, ...]
     dims: Mapping[str, int]
-    """The max of each named dynamic dim (e.g. ``{"rows": 256}``)."""
+    """The size of each named dim (e.g. ``{"rows": 256}``): every run has exactly these shapes."""
 
     @property
     def total_bytes(self) -> int:
@@ -117,9 +117,18 @@ class BufferPlan:
 
     @staticmethod
     def from_manifest(entry: Any) -> "BufferPlan":
-        """From a manifest entry (:class:`~sf_trt.formats.manifest.EngineManifest`, its first profile)."""
-        dims = {k: v[2] for k, v in entry.profiles[0].dims.items()} if entry.profiles else {}
-        return BufferPlan.from_io(entry.name, entry.io, dims)
+        """From a manifest entry (:class:`~sf_trt.formats.manifest.EngineManifest`), whose one
+        profile must be fixed: an engine that takes several shapes is refused (its rows could
+        come out differently in passes of different shapes; docs/tensorrt.md)."""
+        if len(entry.profiles) != 1:
+            raise refuse(f"engine {entry.name!r} has {len(entry.profiles)} optimization profiles; expected one. Rebuild it with `sf-trt build`.")
+        unfixed = entry.profiles[0].unfixed()
+        if unfixed:
+            raise refuse(
+                f"engine {entry.name!r} takes more than one shape ({', '.join(unfixed)}): its rows could differ with "
+                "the shape of the pass. Rebuild it with `sf-trt build` (every engine takes one shape, min = opt = max)."
+            )
+        return BufferPlan.from_io(entry.name, entry.io, entry.profiles[0].max_dims())
 
     def problems_with(self, engine_io: Iterable[tuple[str, str, str]]) -> list[str]:
         """How an engine's ``(name, mode, dtype)`` I/O differs from this plan."""

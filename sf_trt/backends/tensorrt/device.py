@@ -70,3 +70,22 @@ class TorchDevice:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def current(self):
+        """A context in which this device is CUDA's current device (TensorRT binds an engine,
+        and enqueues its work, on the current device)."""
+        return self.torch.cuda.device(self.device)
+
+    def clear_error(self) -> None:
+        """Clear CUDA's last error after a failed graph capture (as trtexec does), where
+        cuda-python is installed to read it; synchronize the stream either way."""
+        try:
+            from .probes import _cudart  # noqa: PLC0415
+
+            _cudart().cudaGetLastError()
+        except ImportError:
+            pass
+        try:
+            self.stream.synchronize()
+        except RuntimeError:
+            pass

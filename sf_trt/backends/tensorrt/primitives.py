@@ -2,11 +2,14 @@
 
 :meth:`TensorRTPrimitives.open` reads ``engines/manifest.json``, refuses an
 engine built by another TensorRT version or for another GPU (or whose bytes
-changed), deserializes it, and keeps every buffer on the device: the model's
-state (the fake's token history; a decoder's KV cache), the rows of a pass, the
-logits, the drawn tokens. Each pass is ``set_input_shape`` / ``set_tensor_address``
-/ ``execute_async_v3`` on one CUDA stream, every boolean result checked; decode
-steps can be captured into CUDA graphs and replayed.
+changed, or whose profile is not fixed), deserializes it, and keeps every buffer on
+the device: the model's state (the fake's token history; a decoder's KV cache), the
+rows of a pass, the logits, the drawn tokens. Every engine takes one shape: each pass
+is padded to it, and a pass that does not fit is split into several runs (the
+adapters; the verify engine here), so a row is always computed on the same shapes
+whatever shares its pass. Each run is ``set_input_shape`` / ``set_tensor_address`` /
+``execute_async_v3`` on one CUDA stream, every boolean result checked; with
+``cuda_graphs`` the one shape is captured into a CUDA graph and replayed.
 
 Rollback is a length, as on every backend: ``truncate`` moves the lane's state
 length back (``PrimitivesBase`` keeps it) and nothing is copied; positions past
@@ -24,16 +27,18 @@ pass logic run on the CPU too, with onnxruntime standing in for the engines
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...formats.manifest import ManifestError, check_manifest, read_manifest
+from ...formats.manifest import ManifestError, check_engine_file, check_manifest, read_manifest
+from ...formats.shapes import ShapeLimits, derive_profiles
+from ...graphs.verify import GREEDY, MUL_RANGE, NOISE_MUL, sample_feeds
 from ...graphs.verify import LOGITS as VERIFY_LOGITS
 from ...graphs.verify import MATCH as VERIFY_MATCH
+from ...graphs.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS
 from ...graphs.verify import TOKENS as VERIFY_TOKENS
 from ...primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .adapters import COPY_STATE, DECODER_INPUTS, CopyModel, Decoder
@@ -57,8 +62,10 @@ class TensorRTPrimitives(PrimitivesBase):
     token state) or ``past_key_0`` ... (a decoder's KV cache).
 
     Capabilities come from the engines: ``vocab`` from the logits, ``max_lanes``
-    and ``max_context`` from the state buffers, ``max_rows_per_pass`` from the
-    profile; ``eos`` and ``top_k_limit`` from the caller or the manifest's meta.
+    and ``max_context`` from the state buffers; ``eos`` and ``top_k_limit`` from the
+    caller or the manifest's meta. ``max_rows_per_pass`` (the most rows a forward
+    call takes) is the caller's, by default the model engine's rows per run: a pass
+    with more rows, or a lane with more rows than a run holds, runs as several runs.
     """
 
     def __init__(
@@ -89,13 +96,12 @@ class TensorRTPrimitives(PrimitivesBase):
         _check_verify_plan(verify.plan, m.vocab)
         if top_k_limit is None:
             raise refuse(f"top_k_limit not given (the largest top_k verify engine {verify.name!r} was built for)")
-        if max_rows_per_pass is not None and max_rows_per_pass > m.max_rows:
-            raise refuse(f"max_rows_per_pass {max_rows_per_pass} exceeds the engine's profile ({m.max_rows} rows)")
-        verify_max = verify.plan[VERIFY_LOGITS].shape[0]
+        self._verify_rows = verify.plan[VERIFY_LOGITS].shape[0]
+        self._staging = device.zeros((self._verify_rows, m.vocab), "float32")  # a verify run's padded logits
         super().__init__(
             Capabilities(
                 vocab=int(m.vocab), eos=int(eos), max_lanes=int(m.max_lanes), max_context=int(m.max_context),
-                max_rows_per_pass=int(min(max_rows_per_pass or m.max_rows, verify_max)), verify_rows=verify_rows,
+                max_rows_per_pass=int(max_rows_per_pass or m.max_rows), verify_rows=verify_rows,
                 truncate_partial=truncate_partial, kernel_capabilities=kernel_capabilities, top_k_limit=int(top_k_limit),
             )
         )
@@ -112,15 +118,27 @@ class TensorRTPrimitives(PrimitivesBase):
         eos: int | None = None,
         device: int = 0,
         cuda_graphs: bool = False,
-        cuda_graph_limit: int = 8,
         **caps: Any,
     ) -> "TensorRTPrimitives":
         """Load engines ``model`` and ``verify`` from ``engine_dir`` after
-        checking their manifest entries against this TensorRT and GPU.
+        checking their manifest entries: the manifest, the engine files and the
+        engines' one shape first (no TensorRT needed), then this TensorRT and GPU.
+        The engines are deserialized with CUDA device ``device`` current (an engine
+        belongs to the device it is deserialized on) and run there.
 
         ``eos`` defaults to the manifest's ``meta["eos"]``; ``caps`` go to the
         constructor (``verify_rows``, ``truncate_partial``, ``top_k_limit``, ...).
         """
+        try:
+            entries = read_manifest(engine_dir)
+            plans = {}
+            for name in (model, verify):
+                if name not in entries:
+                    raise refuse(f"no engine {name!r} in {os.fspath(engine_dir)}/manifest.json (has: {sorted(entries)})")
+                check_engine_file(entries[name], engine_dir)
+                plans[name] = BufferPlan.from_manifest(entries[name])  # refuses an engine of more than one shape
+        except ManifestError as exc:
+            raise refuse(str(exc)) from None
         try:
             trt = import_tensorrt()
         except TensorRTUnavailable as exc:
@@ -131,18 +149,14 @@ class TensorRTPrimitives(PrimitivesBase):
             raise refuse(f"needs torch (with CUDA) for device buffers: {exc}") from None
         if not torch.cuda.is_available():
             raise refuse("torch sees no CUDA device")
+        if not 0 <= device < torch.cuda.device_count():
+            raise refuse(f"CUDA device {device} does not exist here (devices: 0..{torch.cuda.device_count() - 1})")
         try:
-            entries = read_manifest(engine_dir)
             cc, _ = device_info(device)
+            for name in (model, verify):
+                check_manifest(entries[name], trt.__version__, cc)
         except (ManifestError, TensorRTUnavailable) as exc:
             raise refuse(str(exc)) from None
-        for name in (model, verify):
-            if name not in entries:
-                raise refuse(f"no engine {name!r} in {os.fspath(engine_dir)}/manifest.json (has: {sorted(entries)})")
-            try:
-                check_manifest(entries[name], trt.__version__, cc, engine_path=Path(engine_dir) / entries[name].engine_file)
-            except ManifestError as exc:
-                raise refuse(str(exc)) from None
         if eos is None:
             if "eos" not in entries[model].meta:
                 raise refuse(f"eos not given and not in the manifest's meta for {model!r}")
@@ -150,14 +164,12 @@ class TensorRTPrimitives(PrimitivesBase):
         if "top_k_limit" in entries[verify].meta:
             caps.setdefault("top_k_limit", int(entries[verify].meta["top_k_limit"]))
         dev = TorchDevice(torch, device)
-        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        runners = [
-            TrtRunner(
-                trt, runtime, name, (Path(engine_dir) / entries[name].engine_file).read_bytes(),
-                BufferPlan.from_manifest(entries[name]), dev, cuda_graphs=cuda_graphs, graph_limit=cuda_graph_limit,
-            )
-            for name in (model, verify)
-        ]
+        with dev.current():  # the runtime and the engines belong to this device
+            runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+            runners = [
+                TrtRunner(trt, runtime, name, (Path(engine_dir) / entries[name].engine_file).read_bytes(), plans[name], dev, cuda_graphs=cuda_graphs)
+                for name in (model, verify)
+            ]
         return cls(runners[0], runners[1], dev, eos=eos, **caps)
 
     @classmethod
@@ -172,29 +184,20 @@ class TensorRTPrimitives(PrimitivesBase):
 
     @classmethod
     def stand_in(
-        cls, model_graph: Any, verify_graph: Any, *, max_rows_per_pass: int, eos: int, top_k_limit: int,
-        max_lanes: int | None = None, max_context: int | None = None, **caps: Any,
+        cls, model_graph: Any, verify_graph: Any, shapes: ShapeLimits, *, eos: int, top_k_limit: int, **caps: Any,
     ) -> "TensorRTPrimitives":
         """The same pass logic with onnxruntime on the CPU in place of the
-        engines (``model_graph`` / ``verify_graph``: ONNX models or paths).
+        engines (``model_graph`` / ``verify_graph``: ONNX models or paths), each
+        run at the one shape ``shapes`` gives it, as ``sf-trt build`` with those
+        shapes would build it (the same profile, :func:`~sf_trt.formats.shapes.derive_profiles`).
 
         Not a production path: it exists so that everything but libnvinfer
-        and the device copies is tested where there is no GPU. ``max_lanes``
-        / ``max_context`` size a decoder's symbolic caches and bound its lanes
-        per pass (as ``sf-trt build --max-lanes/--max-context`` would).
+        and the device copies is tested where there is no GPU.
         """
-        dims = {"rows": max_rows_per_pass, "logit_rows": max_rows_per_pass, "batch": max_lanes or max_rows_per_pass}
-        if max_lanes is not None:
-            dims["max_lanes"] = max_lanes
-        if max_context is not None:
-            dims["cache_len"] = max_context + 1
-        model_plan = BufferPlan.from_onnx(model_graph, name="model", dims=dims)
-        verify_plan = BufferPlan.from_onnx(verify_graph, name="verify", dims=dims)
+        plans = [BufferPlan.from_onnx(g, name=name, dims=derive_profiles(g, shapes).max_dims()) for g, name in ((model_graph, "model"), (verify_graph, "verify"))]
         return cls(
-            OrtRunner("model", model_graph, model_plan),
-            OrtRunner("verify", verify_graph, verify_plan),
-            NumpyDevice(),
-            eos=eos, top_k_limit=top_k_limit, max_rows_per_pass=max_rows_per_pass, **caps,
+            OrtRunner("model", model_graph, plans[0]), OrtRunner("verify", verify_graph, plans[1]), NumpyDevice(),
+            eos=eos, top_k_limit=top_k_limit, **caps,
         )
 
     # -- the protocol's backend half --------------------------------------------------------
@@ -203,16 +206,24 @@ class TensorRTPrimitives(PrimitivesBase):
         return self._model.forward(rows, self.capabilities.vocab)
 
     def _verify_sample_impl(self, logits: Any, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
-        dev = self._dev
-        if sample.num_rows == 0:
-            return np.zeros(0, np.int64), np.zeros(0, bool)
-        feeds = {VERIFY_LOGITS: logits}
-        for b in self._verify.plan.inputs():
-            if b.name != VERIFY_LOGITS:
-                feeds[b.name] = dev.to_device(np.asarray(getattr(sample, b.name)).astype(numpy_dtype(b.dtype)))
-        out = self._verify.run(feeds)
-        tokens = dev.to_host(out[VERIFY_TOKENS]).astype(np.int64)
-        match = dev.to_host(out[VERIFY_MATCH]).astype(bool)
+        """Runs of the verify engine's one shape (``R`` rows): each run's rows are copied
+        into a padded ``[R, vocab]`` buffer, the other rows fed as greedy rows (their
+        tokens dropped); a pass of more than ``R`` rows is several runs."""
+        dev, k, size = self._dev, sample.num_rows, self._verify_rows
+        tokens, match = np.zeros(k, np.int64), np.zeros(k, bool)
+        host = sample_feeds(sample) if k else {}  # the fields, and the noise keys made from rng_key and position
+        for lo in range(0, k, size):
+            m = min(size, k - lo)
+            dev.put(self._staging, (slice(0, m),), logits[lo : lo + m])
+            feeds = {VERIFY_LOGITS: self._staging}
+            for b in self._verify.plan.inputs():
+                if b.name != VERIFY_LOGITS:
+                    padded = np.full(b.shape, _VERIFY_PADDING.get(b.name, 0), numpy_dtype(b.dtype))
+                    padded[:m] = host[b.name][lo : lo + m]
+                    feeds[b.name] = dev.to_device(padded)
+            out = self._verify.run(feeds)
+            tokens[lo : lo + m] = dev.to_host(out[VERIFY_TOKENS])[:m]
+            match[lo : lo + m] = dev.to_host(out[VERIFY_MATCH])[:m]
         return tokens, match
 
     def _truncate_impl(self, lane: int, length: int) -> None:
@@ -230,12 +241,16 @@ class TensorRTPrimitives(PrimitivesBase):
         self._model = self._verify = None
 
 
+_VERIFY_PADDING = {"mode": GREEDY, "temperature": 1.0, "top_p": 1.0, "top_k": 0, NOISE_MUL: MUL_RANGE[0], "draft": -1}
+"""What a verify run's padding rows are fed: greedy rows, their keys inside the declared ranges (0 elsewhere)."""
+
+
 def _check_verify_plan(plan: BufferPlan, vocab: int) -> None:
     names = {b.name for b in plan.inputs()}
-    wanted = {VERIFY_LOGITS} | {f.name for f in dataclasses.fields(SampleRows)}
+    wanted = {VERIFY_LOGITS} | set(VERIFY_SAMPLE_INPUTS)
     if names != wanted:
         raise refuse(
-            f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} (logits and the SampleRows fields)"
+            f"verify engine {plan.engine!r} inputs {sorted(names)}; expected {sorted(wanted)} (logits and sample_feeds' inputs)"
         )
     outs = {b.name for b in plan.outputs()}
     if not {VERIFY_TOKENS, VERIFY_MATCH} <= outs:

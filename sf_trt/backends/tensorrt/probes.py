@@ -8,18 +8,51 @@ from __future__ import annotations
 
 from .errors import TensorRTUnavailable
 
-__all__ = ["import_tensorrt", "device_info", "trt_dtype_name"]
+__all__ = [
+    "TENSORRT_RANGE", "TENSORRT_REQUIREMENT", "tensorrt_version", "check_tensorrt_version",
+    "import_tensorrt", "device_info", "trt_dtype_name",
+]
+
+TENSORRT_RANGE = ((10, 0), (12, 0))
+"""The TensorRT versions sf_trt supports: ``[10.0, 12)``. The floor is where INT64 engine
+I/O and element-wise INT64 (the graphs are int64 end to end) and every Python call
+sf_trt makes exist; 10.x needs ``STRONGLY_TYPED`` at network creation, 11.x is always
+strongly typed (its precision builder flags are gone); 12 is refused until read
+(it may remove more). Sources: docs/tensorrt.md, "Supported TensorRT"."""
+TENSORRT_REQUIREMENT = "tensorrt>=10.0,<12"
+"""The same range as a requirement: what pyproject's ``gpu`` extra states."""
+
+
+def tensorrt_version(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a TensorRT version string (``"10.13.0.35"`` -> ``(10, 13)``);
+    ValueError for anything else."""
+    parts = str(version).split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ValueError(f"TensorRT version {version!r} is not 'major.minor[.patch...]'")
+    return int(parts[0]), int(parts[1])
+
+
+def check_tensorrt_version(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of ``version`` when sf_trt supports it, else
+    :class:`TensorRTUnavailable` in one line naming the range."""
+    try:
+        found = tensorrt_version(version)
+    except ValueError as exc:
+        raise TensorRTUnavailable(f"{exc}; sf_trt supports {TENSORRT_REQUIREMENT}") from None
+    lo, hi = TENSORRT_RANGE
+    if not lo <= found < hi:
+        raise TensorRTUnavailable(f"TensorRT {version} found; sf_trt supports {TENSORRT_REQUIREMENT} (pip install '{TENSORRT_REQUIREMENT}')")
+    return found
 
 
 def import_tensorrt():
-    """``tensorrt``, or :class:`TensorRTUnavailable` saying why it cannot be used."""
+    """``tensorrt`` of a supported version (:data:`TENSORRT_RANGE`), or
+    :class:`TensorRTUnavailable` saying in one line why it cannot be used."""
     try:
         import tensorrt as trt  # noqa: PLC0415 (lazy by design: only builds and runs need it)
     except Exception as exc:  # ImportError, or a broken install raising OSError on libnvinfer
-        raise TensorRTUnavailable(f"TensorRT not available: {type(exc).__name__}: {exc}") from None
-    major = int(str(getattr(trt, "__version__", "0")).split(".")[0] or 0)
-    if major < 10:
-        raise TensorRTUnavailable(f"TensorRT {getattr(trt, '__version__', '?')} found; expected 10 or newer")
+        raise TensorRTUnavailable(f"TensorRT not available: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    check_tensorrt_version(str(getattr(trt, "__version__", "?")))
     return trt
 
 

@@ -1,14 +1,15 @@
 """Engine runners: one engine, its execution context, its output buffers.
 
-:class:`TrtRunner` runs a deserialized TensorRT engine (optionally replaying
-CUDA graphs); :class:`OrtRunner` runs the engine's own ONNX graph on
-onnxruntime, the CPU stand-in the tests use.
+:class:`TrtRunner` runs a deserialized TensorRT engine (optionally replaying a
+CUDA graph); :class:`OrtRunner` runs the engine's own ONNX graph on onnxruntime,
+the CPU stand-in the tests use. Both take exactly the engine's one shape.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Protocol
+import sys
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -17,20 +18,19 @@ from .device import TorchDevice
 from .errors import TensorRTError, refuse
 from .probes import trt_dtype_name
 
-__all__ = ["EngineRunner", "OrtRunner", "TrtRunner"]
+__all__ = ["EngineRunner", "OrtRunner", "TrtRunner", "CaptureRefused", "capture_or_none"]
 
 
 class EngineRunner(Protocol):
-    """Runs one engine: ``bind`` fixes a persistent input (a state buffer whose
-    address never changes), ``run`` feeds the per-pass inputs and returns the
-    outputs, valid until the next ``run``. ``capturable`` marks a plain decode
-    step, whose shape repeats: a runner may replay it from a CUDA graph."""
+    """Runs one engine at its one shape: ``bind`` fixes a persistent input (a state
+    buffer whose address never changes), ``run`` feeds the per-run inputs and
+    returns the outputs, valid until the next ``run``."""
 
     name: str
     plan: BufferPlan
 
     def bind(self, name: str, buf: Any) -> None: ...
-    def run(self, feeds: Mapping[str, Any], capturable: bool = False) -> dict[str, Any]: ...
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -44,52 +44,78 @@ class OrtRunner:
         self.name, self.plan = name, plan
         self._bound: dict[str, Any] = {}
         self._outputs = [b.name for b in plan.outputs()]
+        self._shapes = {b.name: b.shape for b in plan.inputs()}
 
     def bind(self, name: str, buf: Any) -> None:
         self._bound[name] = buf
 
-    def run(self, feeds: Mapping[str, Any], capturable: bool = False) -> dict[str, Any]:
-        values = self.session.run(self._outputs, {**self._bound, **feeds})
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        feeds = {**self._bound, **feeds}
+        wrong = {n: tuple(a.shape) for n, a in feeds.items() if tuple(a.shape) != self._shapes[n]}
+        if wrong:  # what an engine of one shape would refuse
+            raise TensorRTError(f"{self.name}: inputs {wrong} do not have the engine's one shape {[self._shapes[n] for n in wrong]}")
+        values = self.session.run(self._outputs, feeds)
         return dict(zip(self._outputs, values))
 
     def close(self) -> None:
         self.session = None
 
 
+class CaptureRefused(Exception):
+    """A CUDA graph capture TensorRT or CUDA would not complete."""
+
+
+def capture_or_none(name: str, capture: Callable[[], Any], warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> Any:
+    """``capture()``, or ``None`` after one warning line when it raises :class:`CaptureRefused`:
+    the caller then enqueues plainly, as trtexec does when a capture fails."""
+    try:
+        return capture()
+    except CaptureRefused as exc:
+        warn(f"sf_trt: warning: {name}: CUDA graph capture failed ({exc}); running without CUDA graphs")
+        return None
+
+
 class TrtRunner:
     """One deserialized TensorRT engine, its execution context and output buffers.
 
-    Output buffers are allocated once at the plan's max shapes; each run hands
-    out views of the shapes TensorRT infers. With ``cuda_graphs``, a
-    ``capturable`` run is captured once per input-shape key into a CUDA graph
-    (on its own execution context, with static input buffers) and replayed
-    after; at most ``graph_limit`` keys are captured.
+    Output buffers are allocated once at the engine's one shape; each run hands out
+    views of them. With ``cuda_graphs``, the first run is captured into a CUDA graph
+    (on its own execution context, with static input buffers) and every later run
+    replays it; a capture TensorRT or CUDA refuses ends, leaves one warning line, and
+    the runner enqueues plainly from then on. Every call into TensorRT runs with the
+    runner's device current; a ``False`` it returns, or a ``RuntimeError`` it raises,
+    becomes a :class:`TensorRTError` naming the engine, the call and the tensor.
     """
 
-    def __init__(
-        self, trt, runtime, name: str, engine_bytes: bytes, plan: BufferPlan, dev: TorchDevice,
-        *, cuda_graphs: bool = False, graph_limit: int = 8,
-    ) -> None:
+    def __init__(self, trt, runtime, name: str, engine_bytes: bytes, plan: BufferPlan, dev: TorchDevice, *, cuda_graphs: bool = False) -> None:
         self.trt, self.name, self.plan, self.dev = trt, name, plan, dev
-        self.engine = runtime.deserialize_cuda_engine(engine_bytes)
-        if self.engine is None:
-            raise TensorRTError(f"{name}: deserialize_cuda_engine returned None (see TensorRT's log)")
-        engine_io = []
-        for i in range(self.engine.num_io_tensors):
-            tname = self.engine.get_tensor_name(i)
-            mode = "input" if self.engine.get_tensor_mode(tname) == trt.TensorIOMode.INPUT else "output"
-            engine_io.append((tname, mode, trt_dtype_name(trt, self.engine.get_tensor_dtype(tname))))
-        problems = plan.problems_with(engine_io)
-        if problems:
-            raise refuse(f"engine {name!r} does not match its manifest: " + "; ".join(problems))
-        self.context = self._new_context()
-        self._outputs = {b.name: dev.zeros(b.shape, b.dtype) for b in plan.outputs()}
+        with dev.current():
+            self.engine = self._call(lambda: runtime.deserialize_cuda_engine(engine_bytes), "deserialize_cuda_engine")
+            if self.engine is None:
+                raise TensorRTError(f"{name}: deserialize_cuda_engine returned None (see TensorRT's log)")
+            engine_io = []
+            for i in range(self.engine.num_io_tensors):
+                tname = self.engine.get_tensor_name(i)
+                mode = "input" if self.engine.get_tensor_mode(tname) == trt.TensorIOMode.INPUT else "output"
+                engine_io.append((tname, mode, trt_dtype_name(trt, self.engine.get_tensor_dtype(tname))))
+            problems = plan.problems_with(engine_io)
+            if problems:
+                raise refuse(f"engine {name!r} does not match its manifest: " + "; ".join(problems))
+            self.context = self._new_context()
+            self._outputs = {b.name: dev.zeros(b.shape, b.dtype) for b in plan.outputs()}
         self._bound: dict[str, Any] = {}
-        self.cuda_graphs, self.graph_limit = cuda_graphs, graph_limit
-        self._graphs: dict[tuple, tuple[Any, Any, dict, dict]] = {}
+        self.cuda_graphs = cuda_graphs
+        self._graph: tuple[Any, Any, dict, dict] | None = None
+        self._capture_tried = False
+
+    def _call(self, fn: Callable[[], Any], what: str) -> Any:
+        try:
+            return fn()
+        except RuntimeError as exc:
+            raise TensorRTError(f"{self.name}: {what} raised: {exc}") from None
 
     def _new_context(self):
-        ctx = self.engine.create_execution_context()
+        ctx = self._call(self.engine.create_execution_context, "create_execution_context")
         if ctx is None:
             raise TensorRTError(f"{self.name}: create_execution_context returned None (out of device memory?)")
         return ctx
@@ -104,52 +130,66 @@ class TrtRunner:
     def _prepare(self, ctx, feeds: Mapping[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
         """Shapes and addresses for one run on ``ctx``; returns the output views."""
         for name, t in {**self._bound, **feeds}.items():
-            self._ok(ctx.set_input_shape(name, tuple(t.shape)), f"set_input_shape({name!r}, {tuple(t.shape)})")
-            self._ok(ctx.set_tensor_address(name, t.data_ptr()), f"set_tensor_address({name!r})")
-        unresolved = ctx.infer_shapes()
+            shape = tuple(t.shape)
+            self._ok(self._call(lambda: ctx.set_input_shape(name, shape), f"set_input_shape({name!r}, {shape})"), f"set_input_shape({name!r}, {shape})")
+            self._ok(self._call(lambda: ctx.set_tensor_address(name, t.data_ptr()), f"set_tensor_address({name!r})"), f"set_tensor_address({name!r})")
+        unresolved = self._call(ctx.infer_shapes, "infer_shapes (from the input shapes " + ", ".join(f"{n} {tuple(t.shape)}" for n, t in feeds.items()) + ")")
         if unresolved:
             raise TensorRTError(f"{self.name}: shapes of {list(unresolved)} cannot be inferred from the inputs")
         views = {}
         for name, buf in outputs.items():
             shape = tuple(ctx.get_tensor_shape(name))
             view = buf.view(-1)[: int(np.prod(shape, dtype=np.int64))].view(shape)
-            self._ok(ctx.set_tensor_address(name, view.data_ptr()), f"set_tensor_address({name!r})")
+            self._ok(self._call(lambda: ctx.set_tensor_address(name, view.data_ptr()), f"set_tensor_address({name!r})"), f"set_tensor_address({name!r})")
             views[name] = view
         return views
 
-    def run(self, feeds: Mapping[str, Any], capturable: bool = False) -> dict[str, Any]:
-        key = tuple((n, tuple(t.shape)) for n, t in sorted(feeds.items()))
-        if self.cuda_graphs and capturable and key not in self._graphs and len(self._graphs) < self.graph_limit:
-            self._capture(key, feeds)
-        if key in self._graphs:
-            graph, _, static_in, views = self._graphs[key]
-            with self.dev.torch.cuda.stream(self.dev.stream):
-                for name, t in feeds.items():
-                    static_in[name].copy_(t, non_blocking=True)
-                graph.replay()
-            return views
-        views = self._prepare(self.context, feeds, self._outputs)
-        self._ok(self.context.execute_async_v3(self.dev.stream.cuda_stream), "execute_async_v3")
-        return views
+    def _enqueue(self, ctx, what: str) -> None:
+        self._ok(self._call(lambda: ctx.execute_async_v3(self.dev.stream.cuda_stream), what), what)
 
-    def _capture(self, key: tuple, feeds: Mapping[str, Any]) -> None:
-        torch = self.dev.torch
-        ctx = self._new_context()  # a graph fixes its context's shapes and addresses: one context per graph
-        with torch.cuda.stream(self.dev.stream):
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        with self.dev.current():
+            if self.cuda_graphs and not self._capture_tried:
+                self._capture_tried = True
+                self._graph = capture_or_none(self.name, lambda: self._capture(feeds))
+            if self._graph is not None:
+                graph, _, static_in, views = self._graph
+                with self.dev.torch.cuda.stream(self.dev.stream):
+                    for name, t in feeds.items():
+                        static_in[name].copy_(t, non_blocking=True)
+                    graph.replay()
+                return views
+            views = self._prepare(self.context, feeds, self._outputs)
+            self._enqueue(self.context, "execute_async_v3")
+            return views
+
+    def _capture(self, feeds: Mapping[str, Any]) -> tuple[Any, Any, dict, dict]:
+        """A CUDA graph of one run at the engine's shape; :class:`CaptureRefused` when TensorRT's
+        enqueue or CUDA refuses the capture (the capture is ended and the CUDA error cleared)."""
+        torch, stream = self.dev.torch, self.dev.stream
+        ctx = self._new_context()  # a graph fixes its context's shapes and addresses: one context for the graph
+        with torch.cuda.stream(stream):
             static_in = {n: t.clone() for n, t in feeds.items()}
         outputs = {b.name: self.dev.zeros(b.shape, b.dtype) for b in self.plan.outputs()}
         views = self._prepare(ctx, static_in, outputs)
         # TensorRT defers some work after a shape change to the first enqueue:
         # run once outside the capture so the graph holds only the kernels.
-        self._ok(ctx.execute_async_v3(self.dev.stream.cuda_stream), "execute_async_v3 (before capture)")
-        self.dev.stream.synchronize()
+        self._enqueue(ctx, "execute_async_v3 (before capture)")
+        stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.dev.stream):
-            self._ok(ctx.execute_async_v3(self.dev.stream.cuda_stream), "execute_async_v3 (capture)")
-        self._graphs[key] = (graph, ctx, static_in, views)
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                ok = ctx.execute_async_v3(stream.cuda_stream)
+        except RuntimeError as exc:  # torch ends an invalidated capture by raising
+            self.dev.clear_error()
+            raise CaptureRefused(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        if not ok:  # enqueue refused inside the capture (an op not allowed while capturing)
+            self.dev.clear_error()
+            raise CaptureRefused("execute_async_v3 returned False while capturing")
+        return graph, ctx, static_in, views
 
     def close(self) -> None:
-        self._graphs.clear()
+        self._graph = None
         self._outputs.clear()
         self._bound.clear()
         self.context = None
