@@ -539,7 +539,7 @@ def main(argv=None) -> int:
     gen = Generator(prims, tick_tokens=TICK_TOKENS)
 
     def encode(messages: list[dict]) -> list[int]:
-        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+        return tok.encode_chat(messages)  # contents as text: earlier replies are model output
 
     bench = Bench(gen, encode, args.ignore_eos)
     from sf_trt.generate import Request
