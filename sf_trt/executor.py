@@ -530,7 +530,7 @@ class Executor:
         if logits is _FAULT:
             return
         sample = SampleRows(
-            mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_key=ints[:, 3],
+            mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_counter_base=ints[:, 3],
             position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
         )
         verified = self._call("verify_sample", lanes, self.primitives.verify_sample, logits, sample)

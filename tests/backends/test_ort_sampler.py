@@ -45,7 +45,7 @@ def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool 
         "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
         "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
         "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
-        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
+        "rng_counter_base": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
         "position": rng.integers(0, 2**31, rows, dtype=np.int64),
         "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
         "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
@@ -95,7 +95,7 @@ def test_sampler_converts_dtypes_and_layouts_and_handles_no_rows():
     feeds = random_feeds(rng, 10, vocab)
     want = sampler.run(feeds["logits"], sample_rows(feeds))
     wide = np.asfortranarray(np.concatenate([feeds["logits"], feeds["logits"]], axis=1).astype(np.float64))[:, :vocab]
-    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_key" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
+    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_counter_base" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
     got = sampler.run(wide, sample_rows(odd))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])

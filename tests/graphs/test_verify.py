@@ -69,7 +69,7 @@ def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool 
         "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
         "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
         "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
-        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
+        "rng_counter_base": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
         "position": rng.integers(0, 2**31, rows, dtype=np.int64),
         "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
         "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
@@ -89,7 +89,7 @@ def gumbel_rows(rows: int, vocab: int, logits, *, temperature=1.0, top_p=1.0, to
         "temperature": np.full(rows, temperature, np.float32),
         "top_p": np.full(rows, top_p, np.float32),
         "top_k": np.full(rows, top_k, np.int64),
-        "rng_key": key0 + i // 64,
+        "rng_counter_base": key0 + i // 64,
         "position": (i % 64) * 3 + 1,
         "draft": np.full(rows, -1, np.int64),
         "min_p": np.full(rows, min_p, np.float32),
@@ -135,8 +135,8 @@ def test_every_graph_checks_and_uses_only_the_ops_in_ops_md():
 def unread_inputs(name: str) -> set[str]:
     """The inputs a graph of :func:`all_graphs` does not read."""
     if name.startswith("greedy"):
-        return {"mode", "temperature", "top_p", "top_k", "noise_add", "noise_mul"}
-    return {field for field in ("top_k", "top_p") if f"{field}=False" in name}
+        return {"mode", "temperature", "top_p", "top_k", "noise_add", "noise_mul", "min_p"}
+    return {field for field in ("top_k", "top_p", "min_p") if f"{field}=False" in name}
 
 
 def test_io_names_dims_and_dtypes():
@@ -236,7 +236,7 @@ def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows
 def _agreement(feeds, vocab):
     tokens, match, u, keep, lo = run(feeds, vocab)
     ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, details=True)
-    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_key"], feeds["position"], vocab))  # bit-exact
+    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_counter_base"], feeds["position"], vocab))  # bit-exact
     np.testing.assert_array_equal(ref_match, ref == feeds["draft"])
     gumbel = feeds["mode"] == V.GUMBEL
     # a row may differ only where float32 vs float64 rounding can flip it: a near-tie of
@@ -444,7 +444,7 @@ def test_the_three_forms_of_the_hash_agree():
     k = np.repeat(EXTREME_KEYS, EXTREME_POSITIONS.size)
     p = np.tile(EXTREME_POSITIONS, EXTREME_KEYS.size)
     feeds = gumbel_rows(k.size, vocab, np.zeros(vocab))
-    feeds["rng_key"], feeds["position"] = k, p
+    feeds["rng_counter_base"], feeds["position"] = k, p
     u = run(feeds, vocab)[2][:, :vocab]
     np.testing.assert_array_equal(u, V.hash_u(k, p, vocab))
     for r in range(k.size):
