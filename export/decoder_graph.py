@@ -94,9 +94,15 @@ from sf_trt.graphs.builder import GraphBuilder
 from sf_trt.graphs.ranges import declare_ranges
 
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
-from .quantize import quantize_int8
+from .quantize import BLOCK, Q4_HEAD_KIND, Q4_LAYER_KIND, blocks_for, quantize_int8
 
 __all__ = ["build_decoder_graph", "pass_form", "rope_tables", "COMPUTE_TYPES"]
+
+MS_DOMAIN = "com.microsoft"
+"""onnxruntime's contrib domain: ``MatMulNBits`` of the q4 export (an onnxruntime-only graph)."""
+NBITS_ACCURACY = 4
+"""``MatMulNBits``' accuracy level: 4 computes in int8, activations quantized per row and
+block of 32 (onnxruntime's fast CPU path; the int8 export runs the same through its fusion)."""
 
 COMPUTE_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 """The ONNX type of the decoder's weights, matmuls and KV cache, by precision."""
@@ -145,6 +151,7 @@ def build_decoder_graph(
     """
     _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision)
     d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs, precision)
+    d.weights = weights
     x = d.pass_inputs(weights, max_context)
     new_kv: list[str] = []
     for i, layer in enumerate(weights.layers):
@@ -181,6 +188,8 @@ def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype
         raise ValueError(f"build_decoder_graph: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     if cache_inputs not in CACHE_INPUTS:
         raise ValueError(f"build_decoder_graph: cache_inputs {cache_inputs!r} unknown (known: {', '.join(CACHE_INPUTS)})")
+    if weight_dtype == "q4" and precision != "fp32":
+        raise ValueError(f"build_decoder_graph: q4 weights compute in onnxruntime's MatMulNBits (fp32 activations); precision {precision!r} is for float32 or int8 weights")
     weights.check(cfg)
     if max_context is not None and not 1 <= max_context <= cfg.context_length:
         raise ValueError(f"build_decoder_graph: max_context {max_context} outside 1..{cfg.context_length} (the model's context length)")
@@ -203,6 +212,9 @@ class _Decoder:
         self.rep = 2 if cfg.group == 1 else 1
         self.eps, self.two = g.f32(cfg.rms_eps, "rms_eps"), g.f32(2.0, "two")
         self.swap = g.i64(np.arange(hd) ^ 1, "pair_swap")  # 1, 0, 3, 2, ...
+        self.weights: LlamaWeights | None = None  # q4: where the GGUF's own blocks are
+        self._block_sums: dict[str, str] = {}
+        self.x_rank = 3  # rows are [B, T, features] until the head gathers them
         self.shapes = {
             "split_gu": g.i64([cfg.ffn, cfg.ffn], "split_gu"),
             "split_qk_v": g.i64([(nh + nkv) * hd, nkv * hd], "split_qk_v"),
@@ -236,6 +248,31 @@ class _Decoder:
         g.init(scale, f"{name}.scale")
         return self.to_compute(g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1), f"{name}_dq")
 
+    def linear(self, x: str, name: str, layer: LlamaLayerWeights, i: int, fields: tuple[str, ...]) -> str:
+        """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul)."""
+        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else getattr(layer, fields[0])
+        if self.weight_dtype != "q4":
+            return self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
+        return self.nbits(x, name, blocks_for(self.weights, [f"layers.{i}.{f}" for f in fields], w, Q4_LAYER_KIND))
+
+    def nbits(self, x: str, name: str, blocks) -> str:
+        """``x @ W.T`` for a matrix in GGML blocks, as onnxruntime's ``MatMulNBits`` (+ the Q4_1
+        offsets: each block's input sum times ``m + 8 d``, see :meth:`GgmlBlocks.nbits`)."""
+        g = self.g
+        b, scales, offsets = blocks.nbits()
+        n, k = blocks.shape
+        y = g.op(
+            "MatMulNBits", [x, g.init(b, f"{name}.q{blocks.bits}"), g.init(scales, f"{name}.scale")], f"{name}_mm",
+            domain=MS_DOMAIN, K=k, N=n, bits=blocks.bits, block_size=BLOCK, accuracy_level=NBITS_ACCURACY,
+        )
+        if offsets is None:
+            return y
+        sums = self._block_sums.get(x)
+        if sums is None:  # [.., K] -> [.., K / 32]: one per input tensor
+            split = g.op("Reshape", [x, g.i64([0] * (self.x_rank - 1) + [k // BLOCK, BLOCK])], f"{name}_blocks")
+            sums = self._block_sums[x] = g.op("ReduceSum", [split, g.i64([-1])], f"{name}_block_sums", keepdims=0)
+        return g.op("Add", [y, g.op("MatMul", [sums, g.init(offsets, f"{name}.offset")], f"{name}_offsets")], f"{name}_q41")
+
     def rms_norm(self, x: str, weight: str, stem: str) -> str:
         """RMSNorm of the float32 rows ``x``, in float32, cast to the compute type after its weight."""
         # Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul: the pattern onnxruntime fuses.
@@ -243,6 +280,24 @@ class _Decoder:
         ms = g.op("ReduceMean", [g.op("Pow", [x, self.two], f"{stem}_sq")], f"{stem}_ms", axes=[-1], keepdims=1)
         rms = g.op("Sqrt", [g.op("Add", [ms, self.eps], f"{stem}_mseps")], f"{stem}_rms")
         return self.to_compute(g.op("Mul", [g.op("Div", [x, rms], f"{stem}_normed"), weight], stem), stem)
+
+    def embedding(self, weights: LlamaWeights) -> str:
+        """The pass's rows of the token embedding, float32 ``[B, T, H]``. With q4 weights the
+        table is the Q8_0 blocks (shared with a tied lm_head), dequantized row by row as
+        gathered: ``(b - 128) * d``, exactly the GGUF's values."""
+        g = self.g
+        if self.weight_dtype != "q4":
+            self.weight(weights.tok_embd, "tok_embd")
+            return self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed")
+        blocks = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND)
+        b, scales, _ = blocks.nbits()  # [V, nb, 32] uint8, [V * nb]
+        nb = b.shape[1]
+        g.init(b, "tok_embd.q8")
+        g.init(scales, "tok_embd.scale")
+        q = g.op("Cast", [g.op("Gather", ["tok_embd.q8", "input_ids"], "embed_q", axis=0)], "embed_qf", to=TensorProto.FLOAT)  # [B, T, nb, 32]
+        d = g.op("Gather", [g.op("Reshape", ["tok_embd.scale", g.i64([-1, nb, 1])], "embed_scales"), "input_ids"], "embed_d", axis=0)  # [B, T, nb, 1]
+        rows = g.op("Mul", [g.op("Sub", [q, g.f32(128.0)], "embed_centred"), d], "embed_blocks")
+        return g.op("Reshape", [rows, g.i64([0, 0, self.cfg.hidden])], "embed")
 
     def rope(self, x: str, stem: str) -> str:
         """x [B, T, heads, hd] rotated pairwise by position (cos/sin [B, T, heads, hd])."""
@@ -259,11 +314,10 @@ class _Decoder:
         cos_tab, sin_tab = rope_tables(cfg, table_len)
         self.weight(cos_tab, "rope_cos")
         self.weight(sin_tab, "rope_sin")
-        self.weight(weights.tok_embd, "tok_embd")
         neg_inf = g.f32(-np.inf, "neg_inf")
         zero, one = g.i64(0, "zero"), g.i64(1, "one")
         self.ax2 = ax2 = g.i64([2], "axis2")
-        x = self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed")  # [B, T, H] float32
+        x = self.embedding(weights)  # [B, T, H] float32
         # rotary rows for q and k heads at once, the attention scale folded into q's
         head_scale = self.weight(np.r_[np.full(nh, 1.0 / np.sqrt(hd)), np.ones(nkv)].reshape(nh + nkv, 1), "head_scale")
         self.cos, self.sin = (
@@ -298,15 +352,11 @@ class _Decoder:
     def layer(self, i: int, layer: LlamaLayerWeights, x: str, new_kv: list[str]) -> str:
         """One decoder layer over the rows ``x`` ``[B, T, H]``; appends its K and V to ``new_kv``."""
         g, shapes, p = self.g, self.shapes, f"l{i}"
-        w_qkv = self.matrix(f"{p}.w_qkv", np.concatenate([layer.wq, layer.wk, layer.wv], axis=0))  # [H, (nh+2nkv)hd]
-        w_o = self.matrix(f"{p}.w_o", layer.wo)
-        w_gu = self.matrix(f"{p}.w_gate_up", np.concatenate([layer.w_gate, layer.w_up], axis=0))  # [H, 2F]
-        w_down = self.matrix(f"{p}.w_down", layer.w_down)
         g.init(layer.attn_norm, f"{p}.attn_norm")  # norm weights stay float32, as the norm does
         g.init(layer.ffn_norm, f"{p}.ffn_norm")
 
         h = self.rms_norm(x, f"{p}.attn_norm", f"{p}_attn_norm")
-        qk, v = g.op("Split", [g.op("MatMul", [h, w_qkv], f"{p}_qkv"), shapes["split_qk_v"]], f"{p}_split", n_out=2, axis=-1)
+        qk, v = g.op("Split", [self.linear(h, f"{p}.w_qkv", layer, i, ("wq", "wk", "wv")), shapes["split_qk_v"]], f"{p}_split", n_out=2, axis=-1)
         qk = self.rope(g.op("Reshape", [qk, shapes["qk"]], f"{p}_qk4"), f"{p}_qk_rot")  # [B, T, nh+nkv, hd]
         q, k = g.op("Split", [qk, shapes["split_q_k"]], f"{p}_q_k", n_out=2, axis=2)  # q scaled by 1/sqrt(hd)
         v = g.op("Reshape", [v, shapes["kv"]], f"{p}_v4")  # [B, T, nkv, hd]
@@ -328,11 +378,11 @@ class _Decoder:
         if self.rep > 1:
             attn = g.op("Slice", [attn, self.zero1, self.q_rows, self.ax2], f"{p}_attn_once")
         attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shapes["heads"]], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shapes["merge"]], f"{p}_attn_m")
-        x = g.op("Add", [x, self.to_f32(g.op("MatMul", [attn, w_o], f"{p}_o"), f"{p}_o")], f"{p}_resid1")  # float32 stream
+        x = g.op("Add", [x, self.to_f32(self.linear(attn, f"{p}.w_o", layer, i, ("wo",)), f"{p}_o")], f"{p}_resid1")  # float32 stream
         h = self.rms_norm(x, f"{p}.ffn_norm", f"{p}_ffn_norm")
-        gate, up = g.op("Split", [g.op("MatMul", [h, w_gu], f"{p}_gu"), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
+        gate, up = g.op("Split", [self.linear(h, f"{p}.w_gate_up", layer, i, ("w_gate", "w_up")), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}_sig")], f"{p}_silu"), up], f"{p}_act")
-        return g.op("Add", [x, self.to_f32(g.op("MatMul", [act, w_down], f"{p}_down"), f"{p}_down")], f"{p}_resid2")
+        return g.op("Add", [x, self.to_f32(self.linear(act, f"{p}.w_down", layer, i, ("w_down",)), f"{p}_down")], f"{p}_resid2")
 
     def head(self, weights: LlamaWeights, x: str) -> None:
         """The logits of the wanted rows only: gathered *before* the final norm and the lm_head."""
@@ -344,7 +394,15 @@ class _Decoder:
         logits, out = "logits", None
         if self.ct != TensorProto.FLOAT:
             logits, out = "logits_c", "logits"  # the lm_head in C, the logits cast to float32
-        if self.weight_dtype == "int8":
+        if self.weight_dtype == "q4":
+            if weights.lm_head is None:  # tied: the embedding's Q8_0 blocks
+                n, k = cfg.vocab, cfg.hidden
+                g.named("MatMulNBits", [hn, "tok_embd.q8", "tok_embd.scale"], logits, domain=MS_DOMAIN, K=k, N=n, bits=8,
+                        block_size=BLOCK, accuracy_level=NBITS_ACCURACY)
+            else:
+                out_rows = self.nbits(hn, "lm_head", blocks_for(weights, ["lm_head"], weights.lm_head, Q4_HEAD_KIND))
+                g.named("Identity", [out_rows], logits)
+        elif self.weight_dtype == "int8":
             g.named("MatMul", [hn, self.matrix("lm_head", weights.output_matrix())], logits)
         elif weights.lm_head is None:
             g.named("Gemm", [hn, "tok_embd"], logits, transB=1)

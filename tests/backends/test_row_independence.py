@@ -57,6 +57,17 @@ def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, op
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("optimization", ["disable", "basic", "extended", "all"])
+def test_tiny_q4_rows_are_exact_in_any_pass(tiny_q4_model_dir, schedules, optimization, threads):
+    """MatMulNBits (4-bit Q4_1 blocks with their offsets, an 8-bit Q8_0 lm_head), int8 compute:
+    its one-row and many-row kernels give each row the same bits."""
+    rng = np.random.default_rng(17)
+    sched = schedules({0: rng.integers(0, 256, 26), 1: rng.integers(0, 256, 19), 2: rng.integers(0, 256, 23)})
+    with OrtDecoderPrimitives(tiny_q4_model_dir, max_lanes=3, max_context=64, threads=threads, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_tiny_fp16_rows_are_exact_in_any_pass(tiny_fp16_model_dir, schedules, threads):
     """An fp16 decoder on onnxruntime's CPU kernels (which compute float16 by way of float32):
     rows exact at ORT_ENABLE_ALL, the only level OrtDecoderPrimitives accepts for fp16."""
@@ -122,7 +133,7 @@ def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules, real_token
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir"])
+@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir", "real_q4_model_dir"])
 def test_real_int8_and_fp16_models_rows_are_exact(export, schedules, real_tokenizer, request):
     with OrtDecoderPrimitives(request.getfixturevalue(export), max_lanes=3, max_context=128) as prims:
         tok = real_tokenizer
