@@ -150,6 +150,8 @@ def build_decoder_graph(
     the weights, matmuls and KV cache (module docstring, *Precision*).
     """
     _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision)
+    if cache_inputs == "pass":  # the slots form, its lanes' caches taken directly (pass_form)
+        return pass_form(build_decoder_graph(cfg, weights, max_lanes, max_context, weight_dtype=weight_dtype, precision=precision))
     d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs, precision)
     d.weights = weights
     x = d.pass_inputs(weights, max_context)
@@ -164,6 +166,14 @@ def build_decoder_graph(
     )
     return _declare_ranges(model, cfg, max_lanes, max_context)
 
+
+KEY_INDEX = "key_idx"
+"""The tensor of key positions attention reads, ``[S]`` (``[E]`` in the pass form): named so that
+:func:`pass_form` can replace it."""
+KEY_BLOCK = 64
+"""The pass form reads keys ``0 .. E - 1``, ``E`` the pass's largest position + 1 rounded up to a
+multiple of this (at most ``S``): a multiple of every vector width onnxruntime's CPU kernels step by
+(module docstring, *Key extent*)."""
 
 DECODER_MAX_LANES = 2**16
 """The lane count the decoder graph states as its bound when ``max_lanes`` is not fixed."""
@@ -329,9 +339,9 @@ class _Decoder:
         self.t_dim = t_dim = g.op("Shape", ["input_ids"], "t_dim", start=1, end=2)  # [1]
         if max_context is None:  # S symbolic: the key index from the cache's shape
             s_scalar = g.op("Gather", [g.op("Shape", ["past_key_0"], "cache_shape"), g.i64(2, "two_i")], "s_scalar", axis=0)  # []
-            key_idx = g.op("Range", [zero, s_scalar, one], "key_idx")  # [S]
+            key_idx = g.named("Range", [zero, s_scalar, one], KEY_INDEX)  # [S]
         else:  # a constant (onnxruntime's shape inference refuses a Range over a static shape's dim)
-            key_idx = g.i64(np.arange(max_context + 1), "key_idx")  # [S]
+            key_idx = g.i64(np.arange(max_context + 1), KEY_INDEX)  # [S]
         # query row g*T + t of a KV group has the position of row t: tile positions
         pos_b1t1 = g.op("Unsqueeze", ["positions", g.i64([1, 3], "axes13")], "pos_b1t1")
         pos_q = g.op("Tile", [pos_b1t1, g.i64([1, 1, self.rep * grp, 1], "tile_grp")], "pos_q")
@@ -440,8 +450,10 @@ def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs, precision) -> tu
 
 
 def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the
-    caches of the pass's lanes as inputs (see the module docstring).
+    """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the caches of the
+    pass's lanes as inputs, and attention over the pass's key extent only (module docstring,
+    *Key extent*): each cache is sliced to its first ``E`` positions where the slots form gathers
+    its lanes, and the key index is ``0 .. E - 1``.
 
     Works on the graph alone (initializers are shared, never copied), so it can
     be applied to a graph loaded without its external data.
@@ -450,21 +462,22 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     if "lane_ids" not in {i.name for i in graph.input}:
         raise ValueError("pass_form: the graph has no lane_ids input (already the pass form?)")
     caches = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
-    gathers = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
+    gathers = {n.output[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
     out = onnx.ModelProto()
     out.ir_version, out.producer_name = model.ir_version, model.producer_name
     out.opset_import.extend(model.opset_import)
     g = out.graph
     g.name = graph.name
-    g.initializer.extend(graph.initializer)
+    g.initializer.extend(t for t in graph.initializer if t.name != KEY_INDEX)
+    g.node.extend(_key_extent_nodes(next(iter(sorted(caches)))))
     for node in graph.node:
-        if node.output[0] in gathers:
+        if node.output[0] == KEY_INDEX:
             continue
         new = g.node.add()
-        new.CopyFrom(node)
-        for k, name in enumerate(new.input):
-            if name in gathers:
-                new.input[k] = gathers[name]
+        if node.output[0] in gathers:  # lanes' caches -> the pass's caches up to the key extent
+            new.CopyFrom(helper.make_node("Slice", [node.input[0], "pass_zero1", "key_extent_1", "pass_axis2"], [node.output[0]], name=node.name))
+        else:
+            new.CopyFrom(node)
     for vi in graph.input:
         if vi.name == "lane_ids":
             continue
@@ -476,3 +489,25 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     g.output.extend(graph.output)
     out.metadata_props.extend(model.metadata_props)
     return out
+
+
+def _key_extent_nodes(cache: str) -> list[onnx.NodeProto]:
+    """``E = min(S, (max(positions) + KEY_BLOCK) div KEY_BLOCK * KEY_BLOCK)`` (``S`` the cache
+    input's length), ``key_extent_1 = [E]``, and ``key_idx = 0 .. E - 1``; integers below ``S``."""
+    def const(name: str, value) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
+
+    make = helper.make_node
+    return [
+        const("pass_zero", 0), const("pass_one", 1), const("pass_block", KEY_BLOCK), const("pass_zero1", [0]),
+        const("pass_axis2", [2]), const("pass_two", 2),
+        make("Shape", [cache], ["pass_cache_shape"], name="pass_cache_shape"),
+        make("Gather", ["pass_cache_shape", "pass_two"], ["pass_cache_len"], name="pass_cache_len", axis=0),  # S
+        make("ReduceMax", ["positions"], ["pass_last"], name="pass_last", keepdims=0),
+        make("Add", ["pass_last", "pass_block"], ["pass_last_up"], name="pass_last_up"),
+        make("Div", ["pass_last_up", "pass_block"], ["pass_blocks"], name="pass_blocks"),
+        make("Mul", ["pass_blocks", "pass_block"], ["pass_blocked"], name="pass_blocked"),
+        make("Min", ["pass_blocked", "pass_cache_len"], ["key_extent"], name="key_extent"),
+        make("Unsqueeze", ["key_extent", "pass_zero1"], ["key_extent_1"], name="key_extent_1"),
+        make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),
+    ]

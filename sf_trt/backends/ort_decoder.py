@@ -24,7 +24,10 @@ layout and keeps the KV cache on the host:
                   read by attention       dead: masked, rewritten          padding
 
 Packing: a pass's rows are grouped by lane (order kept); each lane is one row of
-``[B, T]``, padded to the pass's longest lane with position ``max_context``.
+``[B, T]``, padded to the pass's longest lane at the positions after its last row
+(capped at ``max_context``, the trash slot): padding is never visible to the lane's
+real rows, and it keeps the pass form's key extent (the keys attention reads,
+see ``sf_trt.export.decoder_graph``) at what the pass's own positions need.
 Because rows do not depend on what shares their pass, a forward call may run
 its lanes as several graph runs: lanes whose row counts differ a lot (a 256-row
 prefill beside 1-row decodes) go to separate runs when padding them together
@@ -265,11 +268,13 @@ class OrtDecoderPrimitives(PrimitivesBase):
         lane_rows = [lane_rows[j] for j in order]
         b, t = len(lanes), max(r.shape[0] for r in lane_rows)
         input_ids = np.zeros((b, t), np.int64)
-        positions = np.full((b, t), trash, np.int64)
+        # each lane's rows, then its padding at the positions after them (never visible to its real
+        # rows, and no further than the trash slot): the pass form's key extent stays the pass's own
+        firsts = rows.positions[[r[0] for r in lane_rows]]
+        positions = np.minimum(firsts[:, None] + np.arange(t), trash)
         flat = np.concatenate([j * t + np.arange(r.shape[0]) for j, r in enumerate(lane_rows)])  # [n] run row of each
         src = np.concatenate(lane_rows)  # [n] the pass's row index of each
         input_ids.reshape(-1)[flat] = rows.tokens[src]
-        positions.reshape(-1)[flat] = rows.positions[src]
         keep = wanted[src] >= 0
         logit_index = np.ascontiguousarray(flat[keep])
         out_rows = wanted[src][keep]
