@@ -88,7 +88,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from sf_trt.formats.model_dir import (
-    CACHE_INPUTS, INPUTS, OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
+    CACHE_INPUTS, INPUTS, OUTPUTS, PASS_OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
 )
 from sf_trt.graphs.builder import GraphBuilder
 from sf_trt.graphs.ranges import declare_ranges
@@ -191,6 +191,16 @@ def _declare_ranges(model: onnx.ModelProto, cfg: LlamaConfig, max_lanes: int | N
     return declare_ranges(model, inputs=inputs, dims=dims)
 
 
+def _block_indicator(k: int) -> np.ndarray:
+    """``MatMulNBits`` 4-bit rows ``[K / 32, K / 32, 16]`` whose row ``j`` is 1 on input block ``j``
+    and 0 elsewhere (values 9 and 8 at the default zero point 8, scale 1): ``x @ rows.T`` is the
+    sum of ``x`` over each block."""
+    nb = k // BLOCK
+    values = np.full((nb, nb, BLOCK), 8, np.uint8)
+    values[np.arange(nb), np.arange(nb)] = 9
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
 def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"build_decoder_graph: precision {precision!r} unknown (known: {', '.join(PRECISIONS)})")
@@ -223,8 +233,6 @@ class _Decoder:
         self.eps, self.two = g.f32(cfg.rms_eps, "rms_eps"), g.f32(2.0, "two")
         self.swap = g.i64(np.arange(hd) ^ 1, "pair_swap")  # 1, 0, 3, 2, ...
         self.weights: LlamaWeights | None = None  # q4: where the GGUF's own blocks are
-        self._block_sums: dict[str, str] = {}
-        self.x_rank = 3  # rows are [B, T, features] until the head gathers them
         self.shapes = {
             "split_gu": g.i64([cfg.ffn, cfg.ffn], "split_gu"),
             "split_qk_v": g.i64([(nh + nkv) * hd, nkv * hd], "split_qk_v"),
@@ -258,30 +266,39 @@ class _Decoder:
         g.init(scale, f"{name}.scale")
         return self.to_compute(g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1), f"{name}_dq")
 
-    def linear(self, x: str, name: str, layer: LlamaLayerWeights, i: int, fields: tuple[str, ...]) -> str:
-        """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul)."""
+    def linear(self, x: str, name: str, layer: LlamaLayerWeights, i: int, fields: tuple[str, ...], residual: str | None = None) -> str:
+        """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul), plus
+        ``residual`` (the float32 stream) when given."""
         w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else getattr(layer, fields[0])
-        if self.weight_dtype != "q4":
-            return self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
-        return self.nbits(x, name, blocks_for(self.weights, [f"layers.{i}.{f}" for f in fields], w, Q4_LAYER_KIND))
+        if self.weight_dtype == "q4":
+            return self.nbits(x, name, blocks_for(self.weights, [f"layers.{i}.{f}" for f in fields], w, Q4_LAYER_KIND), residual)
+        y = self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
+        return y if residual is None else self.g.op("Add", [residual, self.to_f32(y, f"{name}_mm")], f"{name}_resid")
 
-    def nbits(self, x: str, name: str, blocks) -> str:
-        """``x @ W.T`` for a matrix in GGML blocks, as onnxruntime's ``MatMulNBits`` (+ the Q4_1
-        offsets: each block's input sum times ``m + 8 d``, see :meth:`GgmlBlocks.nbits`)."""
+    def nbits(self, x: str, name: str, blocks, residual: str | None = None) -> str:
+        """``x @ W.T`` (``+ residual``) for a matrix in GGML blocks, as onnxruntime's ``MatMulNBits``.
+
+        Q4_1's offsets (:meth:`GgmlBlocks.nbits`): each block's input sum times ``m + 8 d``. The
+        block sums come out of the same ``MatMulNBits``: ``K / 32`` more output columns whose
+        4-bit values are 9 inside their block and 8 (zero) elsewhere, scale 1 (exact in 4 bits),
+        so they are the sums of the very int8 activations the weights multiply; one small
+        float32 ``MatMul`` applies the offsets, added with the residual in one ``Sum``."""
         g = self.g
         b, scales, offsets = blocks.nbits()
         n, k = blocks.shape
+        nb = k // BLOCK
+        if offsets is not None:
+            b = np.concatenate([b, _block_indicator(k)])
+            scales = np.concatenate([scales, np.ones(nb * nb, np.float32)])
         y = g.op(
             "MatMulNBits", [x, g.init(b, f"{name}.q{blocks.bits}"), g.init(scales, f"{name}.scale")], f"{name}_mm",
-            domain=MS_DOMAIN, K=k, N=n, bits=blocks.bits, block_size=BLOCK, accuracy_level=NBITS_ACCURACY,
+            domain=MS_DOMAIN, K=k, N=b.shape[0], bits=blocks.bits, block_size=BLOCK, accuracy_level=NBITS_ACCURACY,
         )
         if offsets is None:
-            return y
-        sums = self._block_sums.get(x)
-        if sums is None:  # [.., K] -> [.., K / 32]: one per input tensor
-            split = g.op("Reshape", [x, g.i64([0] * (self.x_rank - 1) + [k // BLOCK, BLOCK])], f"{name}_blocks")
-            sums = self._block_sums[x] = g.op("ReduceSum", [split, g.i64([-1])], f"{name}_block_sums", keepdims=0)
-        return g.op("Add", [y, g.op("MatMul", [sums, g.init(offsets, f"{name}.offset")], f"{name}_offsets")], f"{name}_q41")
+            return y if residual is None else g.op("Add", [residual, y], f"{name}_resid")
+        y, sums = g.op("Split", [y, g.i64([n, nb])], f"{name}_split", n_out=2, axis=-1)
+        off = g.op("MatMul", [sums, g.init(offsets, f"{name}.offset")], f"{name}_offsets")
+        return g.op("Sum", [y, off] + ([residual] if residual is not None else []), f"{name}_q41")
 
     def rms_norm(self, x: str, weight: str, stem: str) -> str:
         """RMSNorm of the float32 rows ``x``, in float32, cast to the compute type after its weight."""
@@ -388,11 +405,11 @@ class _Decoder:
         if self.rep > 1:
             attn = g.op("Slice", [attn, self.zero1, self.q_rows, self.ax2], f"{p}_attn_once")
         attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shapes["heads"]], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shapes["merge"]], f"{p}_attn_m")
-        x = g.op("Add", [x, self.to_f32(self.linear(attn, f"{p}.w_o", layer, i, ("wo",)), f"{p}_o")], f"{p}_resid1")  # float32 stream
+        x = self.linear(attn, f"{p}.w_o", layer, i, ("wo",), residual=x)  # float32 stream
         h = self.rms_norm(x, f"{p}.ffn_norm", f"{p}_ffn_norm")
         gate, up = g.op("Split", [self.linear(h, f"{p}.w_gate_up", layer, i, ("w_gate", "w_up")), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}_sig")], f"{p}_silu"), up], f"{p}_act")
-        return g.op("Add", [x, self.to_f32(self.linear(act, f"{p}.w_down", layer, i, ("w_down",)), f"{p}_down")], f"{p}_resid2")
+        return self.linear(act, f"{p}.w_down", layer, i, ("w_down",), residual=x)
 
     def head(self, weights: LlamaWeights, x: str) -> None:
         """The logits of the wanted rows only: gathered *before* the final norm and the lm_head."""
@@ -453,7 +470,10 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the caches of the
     pass's lanes as inputs, and attention over the pass's key extent only (module docstring,
     *Key extent*): each cache is sliced to its first ``E`` positions where the slots form gathers
-    its lanes, and the key index is ``0 .. E - 1``.
+    its lanes, and the key index is ``0 .. E - 1``. One more output
+    (:data:`~sf_trt.formats.model_dir.PASS_OUTPUTS`): each logit row's greedy token, so a greedy
+    step needs no second run. (Not its largest value: onnxruntime's ``ReduceMax`` passes over a
+    NaN, which the row check must see.)
 
     Works on the graph alone (initializers are shared, never copied), so it can
     be applied to a graph loaded without its external data.
@@ -487,6 +507,9 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
             new.type.tensor_type.shape.dim[0].Clear()
             new.type.tensor_type.shape.dim[0].dim_param = "batch"
     g.output.extend(graph.output)
+    (greedy,) = PASS_OUTPUTS  # what a greedy sampler computes, in the same run
+    g.node.append(helper.make_node("ArgMax", [OUTPUTS[0]], [greedy], name=greedy, axis=1, keepdims=0, select_last_index=0))
+    g.output.append(helper.make_tensor_value_info(greedy, TensorProto.INT64, ["logit_rows"]))
     out.metadata_props.extend(model.metadata_props)
     return out
 

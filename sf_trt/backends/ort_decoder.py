@@ -43,7 +43,8 @@ from typing import Sequence
 import numpy as np
 
 from ..abi import Status, StatusError
-from ..formats.model_dir import CACHE_INPUTS, ModelDir, ModelDirError, cache_names
+from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
+from ..graphs.verify import GREEDY
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
@@ -53,6 +54,30 @@ __all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
 
 _CACHE_TYPES = {"fp32": np.float32, "fp16": np.float16}
 """The KV cache's numpy type by the decoder's precision, for the precisions onnxruntime runs."""
+
+
+class PassLogits(np.ndarray):
+    """Logits ``[K, vocab]`` float32 as a forward call returns them, with what the decoder graph
+    computed beside them in the same run (the pass form's ``PASS_OUTPUTS``): ``greedy`` int64
+    ``[K]``, each row's ArgMax (the lowest id on ties, as the verify graph's greedy rows); None
+    when the graph has no such output. A greedy-only ``verify_sample`` then needs no sampler run.
+    A copy (``.copy()``, slicing) drops it: only the array forward returned carries it."""
+
+    greedy: np.ndarray | None = None
+
+    @classmethod
+    def empty(cls, rows: int, vocab: int, *, with_greedy: bool) -> "PassLogits":
+        out = np.empty((rows, vocab), np.float32).view(cls)
+        if with_greedy:
+            out.greedy = np.empty(rows, np.int64)
+        return out
+
+    def rows(self, index: np.ndarray) -> "PassLogits":
+        """The rows ``index`` (a copy), with their greedy tokens and maxima."""
+        out = np.asarray(self)[index].view(PassLogits)
+        if self.greedy is not None:
+            out.greedy = self.greedy[index]
+        return out
 
 
 def _bad(what: str) -> StatusError:
@@ -133,6 +158,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
             model.graph_file(cache_inputs), threads=threads, optimization=optimization, providers=self.providers,
             config=self._session_config(optimization),
         )
+        graph_outputs = {o.name for o in self._session.get_outputs()}
+        self._pass_outputs = set(PASS_OUTPUTS) <= graph_outputs  # the pass form's greedy tokens and row maxima
+        self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
         self._allocate_cache()
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
 
@@ -177,9 +205,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
         vocab = self.capabilities.vocab
         # each wanted row once (logit_rows may name a row twice)
         unique_rows, inverse = np.unique(rows.logit_rows, return_inverse=True)
-        logits = np.empty((unique_rows.shape[0], vocab), np.float32)
+        logits = PassLogits.empty(unique_rows.shape[0], vocab, with_greedy=self._pass_outputs)
         if rows.num_rows == 0:
-            return logits[inverse]
+            return logits.rows(inverse)
         # group rows by lane, lanes in order of first appearance
         lane_order, first = np.unique(rows.lanes, return_index=True)
         lane_order = lane_order[np.argsort(first, kind="stable")]
@@ -188,10 +216,14 @@ class OrtDecoderPrimitives(PrimitivesBase):
         wanted[unique_rows] = np.arange(unique_rows.shape[0])
         for group in self._plan_runs([r.shape[0] for r in lane_rows]):
             self._run(rows, [lane_order[j] for j in group], [lane_rows[j] for j in group], wanted, logits)
-        return logits if unique_rows.shape[0] == inverse.shape[0] and np.all(inverse == np.arange(inverse.shape[0])) else logits[inverse]
+        return logits if unique_rows.shape[0] == inverse.shape[0] and np.all(inverse == np.arange(inverse.shape[0])) else logits.rows(inverse)
 
     def _verify_sample_impl(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
+        greedy = getattr(logits, "greedy", None)
+        if greedy is not None and not np.any(np.asarray(sample.mode) != GREEDY):
+            # every row greedy: the decoder graph's ArgMax is the greedy graph's, on these very logits
+            return greedy, greedy == np.asarray(sample.draft)
         return self._sampler.run(logits, sample)
 
     def _truncate_impl(self, lane: int, length: int) -> None:
@@ -284,12 +316,14 @@ class OrtDecoderPrimitives(PrimitivesBase):
         bind.bind_cpu_input("input_ids", input_ids)
         bind.bind_cpu_input("positions", positions)
         bind.bind_cpu_input("logit_index", logit_index)
-        bind.bind_output("logits")
-        bind.bind_output("new_kv")
+        for name in self._output_names:
+            bind.bind_output(name)
         self._session.run_with_iobinding(bind)
         self.runs += 1
-        run_logits, new_kv = (v.numpy() for v in bind.get_outputs())
+        run_logits, new_kv, *extra = (v.numpy() for v in bind.get_outputs())
         logits[out_rows] = run_logits
+        if extra:
+            logits.greedy[out_rows] = extra[0]
         # new_kv [n_layers, 2, B, T, nkv, hd] -> the cache at (slot, :, position, :)
         kv = new_kv.reshape(cfg.n_layers, 2, b * t, cfg.n_kv_heads, cfg.head_dim)[:, :, flat]
         row_slots = slots[flat // t]

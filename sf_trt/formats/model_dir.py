@@ -44,7 +44,7 @@ from .files import STAMPS_NAME, DigestStamps
 
 __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
-    "INPUTS", "OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
+    "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
     "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
     "MAX_CONTEXT_LENGTH", "cache_names", "graph_facts", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
     "ModelDirError",
@@ -63,6 +63,9 @@ VERIFY_FILE = "verify.onnx"
 INPUTS = ("input_ids", "positions", "lane_ids", "logit_index")
 """The decoder's per-pass inputs, "slots" form; the "pass" form has no ``lane_ids``."""
 OUTPUTS = ("logits", "new_kv")
+PASS_OUTPUTS = ("greedy_tokens",)
+"""The pass form's extra output, computed from ``logits`` in the same run: each logit row's
+``ArgMax`` (lowest id on ties, the verify graph's greedy op)."""
 CACHE_INPUTS = ("pass", "slots")
 """The decoder's two forms, by how the KV caches come in (see ``sf_trt.export.decoder_graph``)."""
 PADDING_POSITION = "max_context"

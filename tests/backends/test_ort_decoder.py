@@ -133,3 +133,30 @@ def test_closed_primitives_refuse_work(tiny_model_dir):
     p.close()
     with pytest.raises(StatusError, match="used after close"):
         p.forward(rows(0, 0, SEQ[:2]))
+
+
+def test_greedy_tokens_come_from_the_pass_and_equal_the_greedy_graphs(prims):
+    """The pass form's ArgMax output is what the verify graph's greedy rows draw on the same
+    logits: a greedy-only verify_sample returns it without a sampler run; a batch with a Gumbel
+    row runs the sampler, whose greedy rows agree."""
+    from sf_trt.backends.ort_sampler import OrtVerifySampler
+
+    logits = prims.forward(concat(rows(0, 0, SEQ[:7]), rows(2, 0, SEQ[7:12], logits=[4])))
+    assert logits.greedy is not None and logits.greedy.shape == (8,)
+    k = logits.shape[0]
+    draft = np.where(np.arange(k) % 2 == 0, logits.greedy, -1)
+    greedy_rows = SampleRows(np.zeros(k, np.int64), np.ones(k, np.float32), np.ones(k, np.float32), np.zeros(k, np.int64),
+                             np.zeros(k, np.int64), np.arange(k, dtype=np.int64) + 1, draft)
+    sampler = OrtVerifySampler(prims.capabilities.vocab)
+    want_tokens, want_match = sampler.run(np.asarray(logits), greedy_rows)
+    runs_before = prims._sampler
+    prims._sampler = None  # a sampler run would fail: the greedy path must not need one
+    try:
+        tokens, match = prims.verify_sample(logits, greedy_rows)
+    finally:
+        prims._sampler = runs_before
+    assert np.array_equal(tokens, want_tokens) and np.array_equal(match, want_match)
+    assert np.array_equal(tokens, np.asarray(logits).argmax(axis=1))
+    mixed = SampleRows(**{**greedy_rows.__dict__, "mode": np.array([1] + [0] * (k - 1), np.int64)})
+    got, _ = prims.verify_sample(logits, mixed)
+    assert np.array_equal(got[1:], want_tokens[1:])

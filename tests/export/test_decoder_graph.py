@@ -130,7 +130,9 @@ def test_q4_graph_holds_the_given_blocks_byte_for_byte(tiny):
     with_blocks = dataclasses.replace(weights, blocks={**{f"layers.1.{k}": ("Q4_1", v) for k, v in parts.items()}, "tok_embd": ("Q8_0", embd.raw)})
     inits = {t.name: numpy_helper.to_array(t) for t in build_decoder_graph(cfg, with_blocks, weight_dtype="q4").graph.initializer}
     b, scales, offsets = given.nbits()
-    assert np.array_equal(inits["l1.w_qkv.q4"], b) and np.array_equal(inits["l1.w_qkv.scale"], scales)
+    n = b.shape[0]  # then K / 32 rows of block indicators (the block sums), scale 1
+    assert np.array_equal(inits["l1.w_qkv.q4"][:n], b) and np.array_equal(inits["l1.w_qkv.scale"][:scales.size], scales)
+    assert np.all(inits["l1.w_qkv.scale"][scales.size:] == 1.0)
     assert np.array_equal(inits["l1.w_qkv.offset"], offsets)
     assert np.array_equal(inits["tok_embd.q8"], embd.nbits()[0])
     # and what they compute is the GGUF's dequantization, gguf's own code
