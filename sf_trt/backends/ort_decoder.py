@@ -73,7 +73,7 @@ class PassLogits(np.ndarray):
         return out
 
     def rows(self, index: np.ndarray) -> "PassLogits":
-        """The rows ``index`` (a copy), with their greedy tokens and maxima."""
+        """The rows ``index`` (a copy), with their greedy tokens."""
         out = np.asarray(self)[index].view(PassLogits)
         if self.greedy is not None:
             out.greedy = self.greedy[index]
@@ -159,7 +159,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
             config=self._session_config(optimization),
         )
         graph_outputs = {o.name for o in self._session.get_outputs()}
-        self._pass_outputs = set(PASS_OUTPUTS) <= graph_outputs  # the pass form's greedy tokens and row maxima
+        self._pass_outputs = set(PASS_OUTPUTS) <= graph_outputs  # the pass form's greedy tokens
         self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
         self._allocate_cache()
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
