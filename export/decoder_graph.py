@@ -6,7 +6,8 @@ rows in the pass and whichever other lanes share it**. So every reduction a row
 goes through has a length and a layout that do not depend on the pass:
 
 * matmuls reduce over the model's fixed dims (hidden, ffn, head_dim);
-* attention reduces over the whole cache length ``S = max_context + 1``, every
+* attention reduces over the whole cache length ``S = max_context + 1`` (the pass
+  form: over the pass's key extent, see *Key extent*), every
   key at the index equal to its absolute position: the pass's new K/V are
   scattered (ScatterND) into the lane's cache before the scores are taken, and
   keys past the row's own position get ``-inf`` added (their softmax weight
@@ -70,6 +71,29 @@ probabilities are cast to ``C`` for the ``PV`` matmul) and the logits. With
 ``precision="fp32"`` there is no ``Cast`` at all. ``weight_dtype="int8"`` keeps
 ``DequantizeLinear`` (to float32) and casts its output to ``C``.
 
+Key extent. The pass form (the graph onnxruntime runs) reads keys ``0 .. E - 1`` only,
+``E`` the pass's largest position plus one rounded up to :data:`KEY_BLOCK` (64), at most
+``S``: a pass costs what its positions need, not the window. A row at position ``p``
+reads the same keys ``0 .. p`` whatever ``E`` is; the keys from ``p + 1`` to ``E - 1``
+get ``-inf``, so their softmax weights are exactly 0 and their products in the ``PV``
+matmul exactly 0, and adding an exact 0 changes no partial sum. What could change a
+row's bits is where its real keys fall in the kernels' vector loops: they start at key
+0 for every ``E``, and ``E`` is a multiple of every vector width onnxruntime's CPU
+kernels step by, so the real keys take the vector path at every extent
+(``tests/backends/test_row_independence.py``: extents from 64 to the whole window, the
+tiny model at two optimization levels and 1/2 threads, and the real model). Padding
+rows count too: the onnxruntime backend puts them at the positions right after their
+lane's rows (capped at the trash slot ``S - 1``), which raises ``E`` by at most the
+pass's rows per lane. The ``slots`` form (TensorRT's engines, one fixed shape) reads ``S`` keys.
+
+Weights (``weight_dtype``): ``"float32"`` (the GGUF dequantized), ``"int8"`` (per-channel
+int8, ``DequantizeLinear``) or ``"q4"``: the GGUF's own Q4_1 blocks in onnxruntime's
+contrib ``MatMulNBits`` (4-bit values, a float32 scale per block of 32, int8 compute at
+accuracy level 4); Q4_1's per-block offsets ``m`` enter as each block's input sum times
+``m + 8 d``, the block sums coming out of the same ``MatMulNBits`` (indicator rows), and
+the tied embedding and lm_head are the GGUF's Q8_0 blocks (an 8-bit ``MatMulNBits``). No
+weight is requantized. A q4 graph runs on onnxruntime only.
+
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
 ``out = x * cos + swap_pairs(x) * sin_signed``.
@@ -77,8 +101,8 @@ Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
 ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
-DequantizeLinear with int8 weights; Cast below fp32). No TopK, no bitwise ops, no
-contrib ops.
+DequantizeLinear with int8 weights; Cast below fp32; ArgMax, ReduceMax and Slice in the
+pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 weights.
 """
 
 from __future__ import annotations
