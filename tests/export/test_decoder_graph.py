@@ -87,30 +87,19 @@ def test_decode_row_by_row_matches_the_reference(tiny, prims):
     close_to_reference(got, reference_forward(cfg, weights, SEQ[:20]))
 
 
-def test_int8_graph_computes_the_int8_weights(tiny, tiny_int8_model_dir):
-    """onnxruntime runs DequantizeLinear -> MatMul as MatMulNBits with int8 compute
-    (activations quantized per row and block): within about 1% of the int8 model."""
-    from sf_trt.export.quantize import int8_weights
+@pytest.mark.parametrize("weight_dtype", ["int8", "q4"])
+def test_quantized_graph_computes_its_quantized_weights(tiny, weight_dtype, request):
+    """int8: onnxruntime runs DequantizeLinear -> MatMul as MatMulNBits with int8 compute
+    (activations quantized per row and block); q4: MatMulNBits over Q4_1 blocks (plus their
+    offsets) and a Q8_0 lm_head, int8 compute. Either is within about 1% of the model whose
+    weights are the quantized values."""
+    from sf_trt.export.quantize import int8_weights, q4_weights
 
     cfg, weights = tiny
-    with OrtDecoderPrimitives(tiny_int8_model_dir, max_lanes=1, max_context=64) as p:
+    with OrtDecoderPrimitives(request.getfixturevalue(f"tiny_{weight_dtype}_model_dir"), max_lanes=1, max_context=64) as p:
         got = p.forward(rows(0, 0, SEQ[:24]))
-        assert p.weight_dtype == "int8"
-    want = reference_forward(cfg, int8_weights(weights), SEQ[:24])
-    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
-    assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
-
-
-def test_q4_graph_computes_the_q4_weights(tiny, tiny_q4_model_dir):
-    """MatMulNBits over Q4_1 blocks (plus their offsets) and a Q8_0 lm_head, int8 compute:
-    within about 1% of the model whose weights are those blocks' values."""
-    from sf_trt.export.quantize import q4_weights
-
-    cfg, weights = tiny
-    with OrtDecoderPrimitives(tiny_q4_model_dir, max_lanes=1, max_context=64) as p:
-        got = p.forward(rows(0, 0, SEQ[:24]))
-        assert p.weight_dtype == "q4"
-    want = reference_forward(cfg, q4_weights(weights), SEQ[:24])
+        assert p.weight_dtype == weight_dtype
+    want = reference_forward(cfg, {"int8": int8_weights, "q4": q4_weights}[weight_dtype](weights), SEQ[:24])
     np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
     assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
 

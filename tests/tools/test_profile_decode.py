@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("profile_decode", ROOT / "tools" / "profile_decode.py")
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool
-    spec.loader.exec_module(tool)
-    return tool
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
-def test_plain_decode_runs_one_pass_per_token_and_a_sampler_run_only_when_sampled(real_int8_model_dir, sample, capsys):
+def test_plain_decode_runs_one_pass_per_token_and_a_sampler_run_only_when_sampled(real_int8_model_dir, sample, capsys, load_tool):
     """A plain greedy decode makes one decoder run per token (plus the prefill's) and no sampler
     run at all: the decoder's own ArgMax output is the token. Sampled, each token costs one sampler
     run. The times the tool reports add up (pass + outside = the decode's time per token)."""
     argv = ["--weights", "int8", "--max-tokens", "8", "--threads", "1", "--json"] + (["--sample"] if sample else [])
-    _tool().main(argv)
+    load_tool("profile_decode").main(argv)
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["weights"] == "int8" and out["tokens"] == 8 and out["sampled"] is sample
     assert out["decoder_runs"] == out["tokens"] + 1  # the prompt's prefill, then one pass per token
