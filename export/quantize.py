@@ -9,7 +9,7 @@ rounding anything, into ``MatMulNBits`` operands: the same 4- or 8-bit values (n
 reordered), the same scales, and for Q4_1 the offsets as a small float32 matrix the graph
 applies to each block's sum of inputs (``MatMulNBits`` can carry a non-integer offset only
 as a float zero point, which sends onnxruntime's CPU kernel to a path that dequantizes the
-whole matrix on every run: measured 30x slower, see docs/benchmarks.md).
+whole matrix on every run: measured 30x slower when this export was built).
 """
 
 from __future__ import annotations

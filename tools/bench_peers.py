@@ -27,10 +27,11 @@ from the same GGUF, same chat template) whenever sf_trt is importable; HF's
 chat-template ids are computed too and the JSON records both counts and whether
 they agree.
 
-``--sf-trt`` also runs ``sf-trt bench --prompts FILE --json`` in the same run
-and adds ratio columns (sf_trt plain / HF plain, sf_trt spec / HF prompt
-lookup); ``--sf-trt-json PATH`` merges a saved ``sf-trt bench --json`` output
-instead.
+``--sf-trt`` also runs ``sf-trt bench --prompts FILE --json`` in the same run,
+one prompt at a time right after the peers ran that prompt (so a change in the
+machine's load hits sf_trt and the peers alike), and adds ratio columns (sf_trt
+plain / each peer's plain, sf_trt spec / each peer's prompt lookup);
+``--sf-trt-json PATH`` merges a saved ``sf-trt bench --json`` output instead.
 
 The peers are not sf_trt dependencies: install them in a separate environment,
 e.g.::
@@ -438,10 +439,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-ids", choices=("auto", "sf_trt", "hf"), default="auto",
                     help="whose prompt token ids every peer is fed: sf_trt's tokenizer (auto: when importable) or HF's chat template")
     ap.add_argument("--json", dest="json_path", type=Path, default=Path("bench_peers.json"), help="write results here (default bench_peers.json)")
-    ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --prompts FILE --json` and add ratio columns")
+    ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --json` on each prompt right after the peers, and add ratio columns")
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
     ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
-    ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow the sf-trt run (default 3600)")
+    ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow each sf-trt run (default 3600)")
     return ap
 
 
@@ -477,9 +478,10 @@ def _encode(prompts, hf_tok, sf_tok) -> list[tuple]:
     return encoded
 
 
-def _measure(peers, encoded, modes, args) -> list[dict[str, Any]]:
+def _measure(peers, encoded, modes, args, sf_turn=None) -> list[dict[str, Any]]:
     """Each prompt with each peer in each mode, the fastest of ``args.repeats`` runs; the
-    peers take turns prompt by prompt, so a change in the machine's load hits them alike."""
+    peers take turns prompt by prompt, so a change in the machine's load hits them alike.
+    ``sf_turn(prompt)``, when given, runs sf_trt on the prompt right after the peers did."""
     results = []
     for p, ids, hf_ids, sf_ids in encoded:
         res: dict[str, Any] = {
@@ -506,6 +508,8 @@ def _measure(peers, encoded, modes, args) -> list[dict[str, Any]]:
             res["peers"][peer.name] = runs
             say(f"{p['id']}: {len(ids)} prompt tokens; {peer.name} plain {runs['plain']['tokens_per_s']:.1f} tok/s, "
                 f"lookup {runs['lookup']['tokens_per_s']:.1f} tok/s, identical={runs['identical']}")
+        if sf_turn is not None:
+            sf_turn(p)
         results.append(res)
     return results
 
@@ -530,11 +534,48 @@ def _open_peers(names: list[str], gguf: Path, args) -> list:
     return peers
 
 
-def _sf_trt_columns(results, prompts, args) -> tuple[dict[str, Any], Any]:
-    """sf_trt's bench merged into ``results`` (run now or read from --sf-trt-json): ``(status, doc)``."""
+class SfTrtTurns:
+    """``sf-trt bench`` on one prompt at a time, each right after the peers ran it (so the
+    machine's load hits sf_trt and the peers alike); :meth:`doc` is their results as one
+    ``sf-trt bench --json`` object would hold them (its totals over these runs)."""
+
+    def __init__(self, cmd: list[str], args) -> None:
+        self.cmd, self.args = cmd, args
+        self.docs: list[dict] = []
+        self.notes: list[str] = []
+
+    def __call__(self, prompt: dict) -> None:
+        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout)
+        if doc is None:
+            self.notes.append(f"{prompt['id']}: {note}")
+            return
+        self.docs.append(doc)
+        sf = next(iter(doc.get("results") or []), {})
+        say(f"{prompt['id']}: sf_trt plain {fmt((sf.get('plain') or {}).get('tokens_per_s'))} tok/s, "
+            f"speculative {fmt((sf.get('spec') or {}).get('tokens_per_s'))} tok/s, identical={sf.get('identical')}")
+
+    def doc(self) -> tuple[dict | None, str]:
+        if not self.docs:
+            return None, "; ".join(self.notes) or "no sf-trt run"
+        results = [r for d in self.docs for r in d.get("results", [])]
+        totals = {}
+        for label in ("plain", "spec"):  # tokens over seconds, summed over the runs
+            runs = [(r[label]["tokens"], r[label]["tokens"] / r[label]["tokens_per_s"]) for r in results if r[label].get("tokens_per_s")]
+            totals[label] = round(sum(n for n, _ in runs) / sum(t for _, t in runs), 2) if runs else None
+        note = f"{shlex.join(self.cmd)} bench, one prompt per run, after the peers' runs of it"
+        return {"results": results, "throughput_tokens_per_s": totals, "settings": self.docs[0].get("settings")}, note + (
+            f"; failed: {'; '.join(self.notes)}" if self.notes else "")
+
+
+def _sf_trt_columns(results, prompts, args, turns: SfTrtTurns | None = None) -> tuple[dict[str, Any], Any]:
+    """sf_trt's bench merged into ``results`` (run turn by turn beside the peers, or read from
+    --sf-trt-json): ``(status, doc)``."""
     sf_status: dict[str, Any] = {"requested": bool(args.sf_trt or args.sf_trt_json)}
     doc = None
-    if args.sf_trt_json:
+    if turns is not None:
+        doc, note = turns.doc()
+        sf_status["source" if doc is not None else "note"] = note
+    elif args.sf_trt_json:
         try:
             doc = parse_json_output(args.sf_trt_json.read_text(encoding="utf-8"))
             sf_status["source"] = str(args.sf_trt_json)
@@ -543,12 +584,7 @@ def _sf_trt_columns(results, prompts, args) -> tuple[dict[str, Any], Any]:
         except OSError as exc:
             sf_status["note"] = f"{args.sf_trt_json}: {exc}"
     elif args.sf_trt:
-        cmd = shlex.split(args.sf_trt_cmd) if args.sf_trt_cmd else (["sf-trt"] if shutil.which("sf-trt") else None)
-        if cmd is None:
-            sf_status["note"] = "no `sf-trt` command on PATH (install sf_trt, or pass --sf-trt-cmd)"
-        else:
-            doc, note = run_sf_trt(cmd, prompts, args.threads, args.allow_eos, args.sf_trt_timeout)
-            sf_status["source" if doc is not None else "note"] = note
+        sf_status["note"] = "no `sf-trt` command on PATH (install sf_trt, or pass --sf-trt-cmd)"
     if doc is not None:
         sf_status["matched"] = merge_sf_trt(results, doc)
         if not sf_status["matched"]:
@@ -602,10 +638,14 @@ def main(argv: list[str] | None = None) -> int:
                 for _name, lookup in modes:
                     peer.generate(ids0, n0, allow_eos=args.allow_eos, lookup=lookup)
         say(f"warmup done ({args.warmup} x {n0} tokens per peer and mode on {p0['id']!r})")
+    turns = None
+    if args.sf_trt and not args.sf_trt_json:
+        cmd = shlex.split(args.sf_trt_cmd) if args.sf_trt_cmd else (["sf-trt"] if shutil.which("sf-trt") else None)
+        turns = SfTrtTurns(cmd, args) if cmd is not None else None
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
-    results = _measure(peers, encoded, modes, args)
+    results = _measure(peers, encoded, modes, args, sf_turn=turns)
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
-    sf_status, doc = _sf_trt_columns(results, prompts, args)
+    sf_status, doc = _sf_trt_columns(results, prompts, args, turns)
 
     print()
     load = (f", load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores" if load_before and load_after else "")
