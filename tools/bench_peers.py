@@ -668,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": "cpu", "lookup_tokens": args.lookup_tokens, "max_tokens_override": args.max_tokens,
             "allow_eos": args.allow_eos, "warmup": args.warmup, "repeats": args.repeats, "llama_cpp_n_ctx": args.n_ctx,
             "cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "tokens_per_s": "new tokens / wall time of one generate call (prefill included); fastest of the repeats",
         },
         "sf_trt": sf_status,

@@ -97,7 +97,10 @@ class OrtDecoderPrimitives(PrimitivesBase):
     ``tests/test_row_independence.py``); ``pass_cost_rows``: how many rows of
     padding one extra graph run is worth (packing heuristic, never exactness);
     ``cache_inputs``: which graph form to run (``"pass"``, or ``"slots"`` for
-    comparison).
+    comparison); ``spinning``: whether onnxruntime's intra-op threads spin between ops
+    (False, the default, lets them sleep: on cores shared with other jobs a spinning thread
+    that lost its core stalls the pass, and spinning burns CPU the other jobs could use;
+    docs/benchmarks.md, issue 10). Neither changes any result.
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
         pass_cost_rows: int = 12,
         sampler_threads: int = 1,
         cache_inputs: str = "pass",
+        spinning: bool = False,
     ) -> None:
         try:
             model = ModelDir.open(model_dir)
@@ -154,6 +158,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self.weight_dtype = model.weights
         self.precision = model.precision
         self.cache_inputs = cache_inputs
+        self.spinning = bool(spinning)
         self._session = open_session(
             model.graph_file(cache_inputs), threads=threads, optimization=optimization, providers=self.providers,
             config=self._session_config(optimization),
@@ -165,6 +170,11 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
 
     def _session_config(self, optimization: str) -> dict[str, str]:
+        spin = {"session.intra_op.allow_spinning": "1" if self.spinning else "0"}
+        return {**spin, **self._exact_config(optimization)}
+
+    def _exact_config(self, optimization: str) -> dict[str, str]:
+        """The settings that keep rows exact at ``optimization`` (a refusal where none does)."""
         if self.precision == "fp16" and optimization != "all":
             # Measured (tests/backends/test_row_independence.py): below ORT_ENABLE_ALL an fp16
             # graph's matmuls run in forms whose row results depend on the rows beside them.

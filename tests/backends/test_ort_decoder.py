@@ -160,3 +160,15 @@ def test_greedy_tokens_come_from_the_pass_and_equal_the_greedy_graphs(prims):
     mixed = SampleRows(**{**greedy_rows.__dict__, "mode": np.array([1] + [0] * (k - 1), np.int64)})
     got, _ = prims.verify_sample(logits, mixed)
     assert np.array_equal(got[1:], want_tokens[1:])
+
+
+def test_intra_op_threads_sleep_by_default_and_spinning_changes_no_bits(tiny_model_dir):
+    """onnxruntime's intra-op threads sleep between ops unless ``spinning=True``; the rows come
+    out with the same bits either way (2 threads, so there is a pool to spin or not)."""
+    got = {}
+    for spinning in (False, True):
+        with OrtDecoderPrimitives(tiny_model_dir, max_lanes=2, max_context=64, threads=2, spinning=spinning) as p:
+            options = p._session.get_session_options()
+            assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+            got[spinning] = p.forward(concat(rows(0, 0, SEQ[:9]), rows(1, 0, SEQ[9:14], logits=[4])))
+    assert np.array_equal(bits(got[False]), bits(got[True]))
