@@ -24,6 +24,7 @@ from .build import add_build_parser
 from .errors import CliError
 from .export import add_export_parser
 from .generate import add_generate_parser
+from .serve import add_serve_parsers
 
 __all__ = ["main", "build_parser", "CliError"]
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_bench_parser(sub)
     add_build_parser(sub)
+    add_serve_parsers(sub)  # serve, loadtest
     return ap
 
 

@@ -15,7 +15,7 @@ from .flags import add_model_flags, add_sampling_flags, ranged, sampling
 from .generate import generator, prompt_ids
 from .launch import context_window, open_backend, resolve
 
-__all__ = ["add_bench_parser", "bench", "BENCH_KEYS", "BenchPrompt"]
+__all__ = ["add_bench_parser", "bench", "read_prompts", "BENCH_KEYS", "BenchPrompt"]
 
 
 BENCH_KEYS = ("id", "kind", "messages", "prompt", "prompt_ids", "max_tokens")
@@ -52,7 +52,7 @@ class BenchPrompt:
     prompt_ids: list | None = None
 
 
-def _read_prompts(path: Path) -> list[BenchPrompt]:
+def read_prompts(path: Path) -> list[BenchPrompt]:
     """Every line of the prompts file, checked before anything runs: the first
     problem is a CliError naming the line."""
     try:
@@ -131,7 +131,7 @@ def bench(args) -> dict:
     from sf_trt.generate import Request
     from sf_trt.tokenizer import TokenizerError
 
-    rows = _read_prompts(args.prompts)
+    rows = read_prompts(args.prompts)
     model = resolve(args, progress=not args.json)
     tok, vocab = model.tokenizer, model.model_dir.config.vocab
     mode, params = sampling(args)

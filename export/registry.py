@@ -20,6 +20,12 @@ def _verify() -> onnx.ModelProto:
     return build_verify_graph(vocab=512, top_k_limit=64)
 
 
+def _logprobs() -> onnx.ModelProto:
+    from sf_trt.graphs.logprobs import build_logprobs_graph
+
+    return build_logprobs_graph(vocab=500)
+
+
 def _copy_model() -> onnx.ModelProto:
     from sf_trt.graphs.copy_model import build_copy_graph
 
@@ -36,12 +42,14 @@ def _decoder() -> onnx.ModelProto:
 
 GRAPHS: dict[str, Callable[[], onnx.ModelProto]] = {
     "verify": _verify,
+    "logprobs": _logprobs,
     "copy_model": _copy_model,
     "decoder": _decoder,
 }
 
 BUILDERS: dict[str, str] = {
     "verify": "sf_trt.graphs.verify",
+    "logprobs": "sf_trt.graphs.logprobs",
     "copy_model": "sf_trt.graphs.copy_model",
     "decoder": "sf_trt.export.decoder_graph",
 }

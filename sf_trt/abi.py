@@ -76,6 +76,9 @@ class Finish(enum.IntEnum):
     ERROR = 5
     """A backend primitive failed for the lane during the tick (``Emit.error`` names
     the op and the exception); every token drawn before the fault was emitted."""
+    STOP = 6
+    """A stop string or stop token id ended the output. Set by the request layer
+    (:mod:`sf_trt.scheduler`), which releases the lane; the executor never emits it."""
 
 
 class Sampling(enum.IntEnum):
@@ -115,7 +118,9 @@ class SamplingParams:
     ``temperature`` is read only under ``Sampling.GPU_GUMBEL``, where it must be > 0
     (checked at admission, see :meth:`check_for`); it is 0 or in
     ``TEMPERATURE_MIN .. FLOAT32_MAX`` (the sampler's float32 arithmetic, see
-    :data:`TEMPERATURE_MIN`).
+    :data:`TEMPERATURE_MIN`). ``min_p`` in [0, 1] keeps the tokens whose probability
+    (after temperature) is at least ``min_p`` times the most likely token's (0: off;
+    vLLM's and llama.cpp's meaning).
     """
 
     temperature: float = 1.0
@@ -123,12 +128,13 @@ class SamplingParams:
     top_k: int = 0
     max_tokens: int = 0
     flags: SamplingFlag = SamplingFlag(0)
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         def bad(what: str) -> StatusError:
             return StatusError(Status.BAD_SAMPLING_PARAMS, f"SamplingParams: {what}")
 
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise bad(f"{name} must be a number (got {value!r})")
@@ -151,6 +157,8 @@ class SamplingParams:
             raise bad(f"temperature {self.temperature!r} is above float32's largest value {FLOAT32_MAX!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise bad(f"top_p must be in (0, 1] (got {self.top_p})")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad(f"min_p must be in [0, 1] (got {self.min_p})")
         known = SamplingFlag.IGNORE_EOS
         if isinstance(self.flags, bool) or not isinstance(self.flags, int) or self.flags & ~int(known):
             raise bad(f"unknown flags {self.flags!r} (known: {[f.name for f in SamplingFlag if f]})")

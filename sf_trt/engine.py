@@ -16,11 +16,16 @@ from typing import Iterator, Optional, Union
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingParams, Status, StatusError
+from .drafting.suffix import DEFAULT_SCOPE
 
 __all__ = [
-    "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
-    "TokenRef", "TokenRing", "SpecCounts", "Emit", "Events",
+    "TOP_LOGPROBS_MAX", "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
+    "TokenRef", "TokenRing", "SpecCounts", "TokenLogprobs", "Emit", "Events",
 ]
+
+
+TOP_LOGPROBS_MAX = 20
+"""The most alternatives a token's logprobs report (OpenAI's ``top_logprobs`` limit)."""
 
 
 # -- plans -----------------------------------------------------------------------
@@ -34,6 +39,13 @@ class Admit:
     sampling: Sampling = Sampling.GPU_GREEDY
     params: SamplingParams = SamplingParams()
     rng_counter_base: int = 0
+    logprobs: Optional[int] = None
+    """Report each emitted token's logprob and its ``logprobs`` most likely
+    alternatives (0..:data:`TOP_LOGPROBS_MAX`); None: no logprobs."""
+    draft_scope: Optional[str] = DEFAULT_SCOPE
+    """Whose earlier requests the lane may draft from, and whose corpus its text
+    joins when released (a tenant: API key and user); ``None``: its own text only,
+    nothing kept. Read by drafters that keep a corpus (suffix); never by the model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +59,9 @@ class Prefill:
 class Decode:
     lane: int
     n: int
+    max_draft: Optional[int] = None
+    """At most this many draft tokens per pass in this tick (0: no drafting; None:
+    the lane's strategy decides). Changes how many passes the tick takes, never a token."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +89,18 @@ class Plan:
         sampling: Sampling = Sampling.GPU_GREEDY,
         params: SamplingParams = SamplingParams(),
         rng_counter_base: int = 0,
+        logprobs: Optional[int] = None,
+        draft_scope: Optional[str] = DEFAULT_SCOPE,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base))
+        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope))
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":
         self.ops.append(Prefill(lane, start, length))
         return self
 
-    def decode(self, lane: int, n: int) -> "Plan":
-        self.ops.append(Decode(lane, n))
+    def decode(self, lane: int, n: int, *, max_draft: Optional[int] = None) -> "Plan":
+        self.ops.append(Decode(lane, n, max_draft))
         return self
 
     def release(self, lane: int) -> "Plan":
@@ -156,6 +173,33 @@ class SpecCounts:
 
     proposed: int = 0
     accepted: int = 0
+    drafts: int = 0
+    """Passes in which the lane sent a non-empty draft."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprobs:
+    """Per emitted token: its logprob and the most likely alternatives at its position.
+
+    ``logprob`` float32 ``[n]``; ``top_ids`` int64 ``[n, k]`` and ``top_logprobs``
+    float32 ``[n, k]`` in descending order (``k`` as the lane's ``Admit.logprobs``).
+    """
+
+    logprob: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.logprob.shape[0])
+
+    def __getitem__(self, index: slice) -> "TokenLogprobs":
+        return TokenLogprobs(self.logprob[index], self.top_ids[index], self.top_logprobs[index])
+
+    @staticmethod
+    def concat(parts: list["TokenLogprobs"], k: int) -> "TokenLogprobs":
+        if not parts:
+            return TokenLogprobs(np.zeros(0, np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
+        return TokenLogprobs(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("logprob", "top_ids", "top_logprobs")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +217,8 @@ class Emit:
     ``"<op> (lanes 1, 4): <exception type>: <message>"``. ``finish`` is then
     ``Finish.ERROR``, except after a failed release, which ends no output (the lane
     keeps the finish it had; see :class:`~sf_trt.executor.Executor`)."""
+    logprobs: Optional[TokenLogprobs] = None
+    """For a lane admitted with ``logprobs``: one entry per token behind ``token_ref``."""
 
 
 class Events:

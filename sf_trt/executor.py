@@ -1,4 +1,4 @@
-"""The Executor: runs plan ticks on primitives, with exact prompt-lookup speculation.
+"""The Executor: runs plan ticks on primitives, with exact speculation by any drafter.
 
 A tick reads like the design::
 
@@ -66,15 +66,16 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
-from .drafting import PromptLookupDrafter
-from .engine import Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenRef, TokenRing
-from .primitives import PrimitivesBase, RowFault, Rows, SampleRows
+from .drafting import Drafter
+from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
+from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
-__all__ = ["Executor", "ExecutorConfig"]
+__all__ = ["Executor", "ExecutorConfig", "check_prompt"]
 
 _U32 = 2**32
 _I63 = 2**63
+MAX_SCOPE_CHARS = 1024
 _FAULT = object()
 """What :meth:`Executor._call` returns when the primitive raised."""
 
@@ -82,6 +83,35 @@ _FAULT = object()
 def _is_int(value: Any) -> bool:
     """An int or numpy integer, and not a bool (True is not lane 1)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_prompt(tokens: Any, caps: Capabilities) -> np.ndarray:
+    """``tokens`` as a read-only int64 array, or the StatusError :meth:`Executor.register_prompt`
+    raises for them (callers on other threads check a prompt before handing it over)."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise StatusError(Status.BAD_ARGUMENT, f"prompt: tokens must be a 1-D sequence of ints (got dtype {arr.dtype}, shape {arr.shape})")
+    if not isinstance(tokens, np.ndarray):  # numpy reads [1, True] as ints
+        flag = next((i for i, t in enumerate(tokens) if isinstance(t, (bool, np.bool_))), None)
+        if flag is not None:
+            raise StatusError(Status.BAD_ARGUMENT, f"prompt: the token at index {flag} is a bool, not a token id")
+    if arr.size == 0:
+        raise StatusError(Status.EMPTY_PROMPT, "prompt: no tokens (a lane needs at least one)")
+    bad = np.flatnonzero((arr < 0) | (arr >= caps.vocab))
+    if bad.size:
+        i = int(bad[0])
+        raise StatusError(
+            Status.TOKEN_OUT_OF_VOCAB,
+            f"prompt: token {int(arr[i])} at index {i} is outside the vocabulary 0..{caps.vocab - 1}",
+        )
+    if arr.size > caps.max_context - 1:
+        raise StatusError(
+            Status.PROMPT_TOO_LONG,
+            f"prompt: {arr.size} tokens leave no room to generate in a context of {caps.max_context}",
+        )
+    prompt = arr.astype(np.int64)
+    prompt.setflags(write=False)
+    return prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,12 +148,13 @@ class _Lane:
     params: SamplingParams
     rng_counter_base: int
     grant: Optional[Grant]
-    drafter: Optional[PromptLookupDrafter]
+    drafter: Optional[Drafter]
     tokens: list[int]
     prefilled_len: int = 0
     finish: Finish = Finish.NONE
     error: Optional[str] = None
     """What failed for this lane in the current tick (see ``Emit.error``)."""
+    logprobs: Optional[int] = None
 
     @property
     def emitted_len(self) -> int:
@@ -148,6 +179,7 @@ class _Checked:
     decodes: dict[int, int]
     releases: list[int]
     touched: list[int]
+    max_drafts: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -158,6 +190,9 @@ class _TickOut:
     proposed: int = 0
     accepted: int = 0
     passes: int = 0
+    drafts: int = 0
+    max_draft: Optional[int] = None
+    logprobs: list[TokenLogprobs] = dataclasses.field(default_factory=list)
 
 
 class Executor:
@@ -181,6 +216,7 @@ class Executor:
         self._grants: dict[int, Grant] = {}
         self._quarantined: dict[int, str] = {}  # slot -> why its release failed
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
+        self._logprobs_runner = None  # an OrtLogprobs, made when a lane first asks for logprobs
 
     # -- registration and prompts ---------------------------------------------------
 
@@ -202,31 +238,15 @@ class Executor:
         self._grants[grant.slot] = grant
         return grant.slot, list(grant.certs)
 
+    def shared_state(self, slot: int) -> Any:
+        """What the lanes of a granted slot share (the suffix drafter's corpus), or None."""
+        if slot not in self._grants:
+            raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, f"shared_state({slot!r}): slot never granted (granted: {sorted(self._grants)})")
+        return self._grants[slot].shared
+
     def register_prompt(self, tokens: Any) -> int:
         """Store a prompt; its id is what ``Plan.admit`` takes."""
-        arr = np.asarray(tokens)
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise StatusError(Status.BAD_ARGUMENT, f"prompt: tokens must be a 1-D sequence of ints (got dtype {arr.dtype}, shape {arr.shape})")
-        if not isinstance(tokens, np.ndarray):  # numpy reads [1, True] as ints
-            flag = next((i for i, t in enumerate(tokens) if isinstance(t, (bool, np.bool_))), None)
-            if flag is not None:
-                raise StatusError(Status.BAD_ARGUMENT, f"prompt: the token at index {flag} is a bool, not a token id")
-        if arr.size == 0:
-            raise StatusError(Status.EMPTY_PROMPT, "prompt: no tokens (a lane needs at least one)")
-        bad = np.flatnonzero((arr < 0) | (arr >= self.caps.vocab))
-        if bad.size:
-            i = int(bad[0])
-            raise StatusError(
-                Status.TOKEN_OUT_OF_VOCAB,
-                f"prompt: token {int(arr[i])} at index {i} is outside the vocabulary 0..{self.caps.vocab - 1}",
-            )
-        if arr.size > self.caps.max_context - 1:
-            raise StatusError(
-                Status.PROMPT_TOO_LONG,
-                f"prompt: {arr.size} tokens leave no room to generate in a context of {self.caps.max_context}",
-            )
-        prompt = arr.astype(np.int64)
-        prompt.setflags(write=False)
+        prompt = check_prompt(tokens, self.caps)
         pid = self._next_prompt
         self._next_prompt += 1
         self._prompts[pid] = prompt
@@ -272,7 +292,7 @@ class Executor:
         """Run one plan. Refused plans raise :class:`StatusError` and change nothing;
         backend faults end the lanes they hit with ``Finish.ERROR`` (module docstring)."""
         checked = self._check(plan)
-        out = {lane: _TickOut() for lane in checked.touched}
+        out = {lane: _TickOut(max_draft=checked.max_drafts.get(lane)) for lane in checked.touched}
         for op in checked.admits:
             self._admit(op)
         self._prefill(checked.prefills)
@@ -353,8 +373,13 @@ class Executor:
                     raise StatusError(Status.DECODE_BEFORE_PREFILL, f"{name}: {s[1]} of the prompt's {s[0]} tokens prefilled")
                 if not _is_int(op.n) or not 1 <= op.n <= self.config.ring_capacity:
                     raise StatusError(Status.DECODE_OUT_OF_RANGE, f"{name}: n must be in 1..{self.config.ring_capacity} (the ring's capacity)")
+                md = op.max_draft
+                if md is not None and (not _is_int(md) or md < 0):
+                    raise StatusError(Status.BAD_ARGUMENT, f"{name}: max_draft must be None or an int >= 0 (got {md!r})")
                 s[2] = True
                 checked.decodes[int(op.lane)] = int(op.n)
+                if md is not None:
+                    checked.max_drafts[int(op.lane)] = int(md)
             elif isinstance(op, Release):
                 s = lane_of("release", op.lane)
                 s[3] = True
@@ -398,6 +423,13 @@ class Executor:
         base = op.rng_counter_base
         if not _is_int(base) or not 0 <= base < _I63:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: rng_counter_base must be an int in 0..2**63-1 (got {base!r})")
+        lp = op.logprobs
+        if lp is not None and (not _is_int(lp) or not 0 <= lp <= TOP_LOGPROBS_MAX):
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
+        scope = op.draft_scope
+        if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
+            got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
         if free_after < 0:
             held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
             raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use{held}")
@@ -408,11 +440,12 @@ class Executor:
         prompt = self._prompts[op.prompt]
         grant = self._grants.get(op.strategy_slot) if op.strategy_slot else None
         tokens = prompt.tolist()
-        drafter = PromptLookupDrafter(grant.config, tokens) if grant is not None else None
+        drafter = grant.new_drafter(tokens, op.draft_scope) if grant is not None else None
         slot = self._free_slots.pop()
         self._lanes[int(op.lane)] = _Lane(
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
             params=op.params, rng_counter_base=int(op.rng_counter_base), grant=grant, drafter=drafter, tokens=tokens,
+            logprobs=None if op.logprobs is None else int(op.logprobs),
         )
 
     def _prefill(self, prefills: list[Prefill]) -> None:
@@ -448,9 +481,10 @@ class Executor:
 
     # -- decode ----------------------------------------------------------------------------------
 
-    def _draft_limit(self, lane: _Lane, budget_left: int) -> int:
-        """The most draft tokens a step may send: what the step could still emit, minus one."""
-        limit = budget_left - 1
+    def _draft_limit(self, lane: _Lane, budget_left: int, max_draft: Optional[int]) -> int:
+        """The most draft tokens a step may send: what the step could still emit, minus one,
+        within the tick's ``max_draft`` for the lane."""
+        limit = budget_left - 1 if max_draft is None else min(budget_left - 1, max_draft)
         if lane.params.max_tokens:
             limit = min(limit, lane.params.max_tokens - lane.emitted_len - 1)
         return min(limit, self.caps.max_context - len(lane.tokens) - 1, lane.drafter.draft_cap)
@@ -471,7 +505,7 @@ class Executor:
             for lane, budget_left in active:
                 draft: list[int] = []
                 if lane.drafter is not None and spare_rows > 0:
-                    draft = lane.drafter.propose(min(self._draft_limit(lane, budget_left), spare_rows))
+                    draft = lane.drafter.propose(min(self._draft_limit(lane, budget_left, out[lane.lane_id].max_draft), spare_rows))
                     spare_rows -= len(draft)
                 drafts.append(draft)
             self._step([lane for lane, _ in active], drafts, out)
@@ -490,26 +524,49 @@ class Executor:
         draft_at_row = np.fromiter((t for d in drafts for t in (*d, -1)), np.int64, num_rows)
         # Per-lane constants, one row per lane, repeated over the lane's rows.
         ints = np.repeat(np.array([(l.slot, int(l.sampling), l.params.top_k, l.rng_counter_base) for l in lanes], np.int64), counts, axis=0)
-        floats = np.repeat(np.array([(l.params.temperature, l.params.top_p) for l in lanes], np.float32), counts, axis=0)
+        floats = np.repeat(np.array([(l.params.temperature, l.params.top_p, l.params.min_p) for l in lanes], np.float32), counts, axis=0)
         rows = Rows(ints[:, 0], positions, row_tokens, np.arange(num_rows, dtype=np.int64))
         logits = self._call("decode forward", lanes, self.primitives.forward, rows)
         if logits is _FAULT:
             return
         sample = SampleRows(
-            mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_key=ints[:, 3],
-            position=positions + 1, draft=draft_at_row,
+            mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_counter_base=ints[:, 3],
+            position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
         )
         verified = self._call("verify_sample", lanes, self.primitives.verify_sample, logits, sample)
         if verified is _FAULT:
             return
         drawn, match = verified
+        wanted = []  # (lane, first logit row, tokens emitted) for lanes that report logprobs
         for lane, draft, off in zip(lanes, drafts, offsets.tolist()):
-            self._accept(lane, draft, drawn[off : off + len(draft) + 1], match[off : off + len(draft)], out[lane.lane_id])
+            n = self._accept(lane, draft, drawn[off : off + len(draft) + 1], match[off : off + len(draft)], out[lane.lane_id])
+            if lane.logprobs is not None and n:
+                wanted.append((lane, off, n))
+        if wanted:
+            self._logprobs(logits, drawn, wanted, out)
 
-    def _accept(self, lane: _Lane, draft: list[int], drawn: np.ndarray, match: np.ndarray, out: _TickOut) -> None:
+    def _logprobs(self, logits: Any, drawn: np.ndarray, wanted: list, out: dict[int, _TickOut]) -> None:
+        """Each emitted token's logprob and top alternatives, from the rows that drew it."""
+        if self._logprobs_runner is None:
+            from .backends.ort_logprobs import OrtLogprobs
+
+            self._logprobs_runner = OrtLogprobs(self.caps.vocab)
+        rows = np.concatenate([np.arange(off, off + n) for _, off, n in wanted])
+        host = self._call("logprobs", [lane for lane, _, _ in wanted], self.primitives.logits_host, logits)
+        found = _FAULT if host is _FAULT else self._call("logprobs", [lane for lane, _, _ in wanted], self._logprobs_runner.run, host[rows], drawn[rows])
+        if found is _FAULT:
+            return
+        lp, ids, top = found
+        at = 0
+        for lane, _, n in wanted:
+            k = lane.logprobs
+            out[lane.lane_id].logprobs.append(TokenLogprobs(lp[at : at + n], ids[at : at + n, :k], top[at : at + n, :k]))
+            at += n
+
+    def _accept(self, lane: _Lane, draft: list[int], drawn: np.ndarray, match: np.ndarray, out: _TickOut) -> int:
         """Emit the matching draft prefix plus the token drawn at the first mismatch
         (a row that could not be sampled from is a mismatch with no token: the lane
-        ends there with ``Finish.ERROR``, unless it ended before that row)."""
+        ends there with ``Finish.ERROR``, unless it ended before that row); how many."""
         k = len(draft)
         accepted = k if match.all() else int(np.argmin(match))
         new = drawn[: accepted + 1].tolist()
@@ -526,8 +583,10 @@ class Executor:
             lane.drafter.observe(k, accepted)
         out.proposed += k
         out.accepted += min(accepted, len(new))
+        out.drafts += k > 0
         if lane.finish == Finish.NONE and accepted < k:
             self._call("truncate", [lane], self.primitives.truncate, lane.slot, start + accepted + 1)
+        return len(new)
 
     def _cut(self, lane: _Lane, new: list[int]) -> tuple[list[int], Finish]:
         """Cut a step's tokens at EOS, max_tokens or the context; the lane's finish."""
@@ -553,7 +612,8 @@ class Executor:
             if lane.finish != Finish.NONE:
                 self._release(lane)
             ref = self._rings[lane.slot].write(o.tokens)
-            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted), o.passes, lane.error)
+            logprobs = None if lane.logprobs is None else TokenLogprobs.concat(o.logprobs, lane.logprobs)
+            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted, o.drafts), o.passes, lane.error, logprobs)
         for slot in retry:
             if self._call("release", [], self.primitives.release, slot) is not _FAULT:
                 del self._quarantined[slot]
@@ -568,6 +628,8 @@ class Executor:
             self._free_slots.append(lane.slot)
         else:
             self._quarantined[lane.slot] = lane.error or "release failed"
+        if lane.drafter is not None:  # last: the executor's books are whole before the corpus grows
+            lane.drafter.retire()  # the suffix drafter's text joins its scope's corpus
 
     # -- for tests and tools ----------------------------------------------------------------------
 
@@ -597,6 +659,9 @@ class Executor:
         for slot in self._free_slots:
             if self.primitives.state_len(slot) != 0:
                 raise AssertionError(f"free slot {slot}: backend state holds {self.primitives.state_len(slot)} positions")
+        for grant in self._grants.values():
+            if grant.shared is not None:
+                grant.shared.check_integrity()
 
     def snapshot(self) -> tuple:
         """A value that changes whenever the executor's observable state does."""
@@ -604,7 +669,8 @@ class Executor:
             (l.lane_id, l.slot, tuple(l.tokens), l.prefilled_len, int(l.finish), self.primitives.state_len(l.slot))
             for l in sorted(self._lanes.values(), key=lambda l: l.lane_id)
         )
+        shared = tuple(getattr(g.shared, "version", None) for g in self._grants.values())
         return (
             lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings),
-            tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)),
+            tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)), shared,
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -83,18 +83,24 @@ class SampleRows:
     """Per-logit-row sampling inputs to verify-and-sample, each ``[K]``.
 
     ``mode``: :class:`~sf_trt.abi.Sampling` value; ``temperature``/``top_p``
-    float32; ``top_k`` int64 (0: off); ``rng_key``: the lane's
-    ``rng_counter_base``; ``position``: absolute position of the token being
-    drawn; ``draft``: the draft token proposed at that position, or -1.
+    float32; ``top_k`` int64 (0: off); ``rng_counter_base``: the lane's
+    (``Plan.admit``'s); ``position``: absolute position of the token being
+    drawn; ``draft``: the draft token proposed at that position, or -1;
+    ``min_p`` float32 in [0, 1] (None: 0 on every row, min-p off).
     """
 
     mode: np.ndarray
     temperature: np.ndarray
     top_p: np.ndarray
     top_k: np.ndarray
-    rng_key: np.ndarray
+    rng_counter_base: np.ndarray
     position: np.ndarray
     draft: np.ndarray
+    min_p: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if self.min_p is None:
+            object.__setattr__(self, "min_p", np.zeros(np.shape(self.mode), np.float32))
 
     @property
     def num_rows(self) -> int:
@@ -104,7 +110,7 @@ class SampleRows:
     def empty() -> "SampleRows":
         z = np.zeros(0, np.int64)
         f = np.zeros(0, np.float32)
-        return SampleRows(z, f, f, z, z, z, z)
+        return SampleRows(z, f, f, z, z, z, z, f)
 
 
 class RowFault(enum.IntEnum):
@@ -308,7 +314,9 @@ class PrimitivesBase:
             arr = getattr(sample, name)
             if arr.shape != (k,):
                 raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: {name} shape {arr.shape}, expected ({k},)")
-        if k and (sample.rng_key.min() < 0 or sample.position.min() < 0 or sample.position.max() >= 2**31):
-            raise StatusError(Status.BAD_ARGUMENT, "verify_sample: rng_key must be >= 0 and position in 0..2**31-1 (the hash's domain)")
+        if k and (sample.rng_counter_base.min() < 0 or sample.position.min() < 0 or sample.position.max() >= 2**31):
+            raise StatusError(Status.BAD_ARGUMENT, "verify_sample: rng_counter_base must be >= 0 and position in 0..2**31-1 (the hash's domain)")
         if k and (sample.mode.min() < _MODE_MIN or sample.mode.max() > _MODE_MAX):
             raise StatusError(Status.BAD_SAMPLING_MODE, f"verify_sample: unknown sampling mode in {sorted(set(sample.mode.tolist()))}")
+        if k and not (np.all(sample.min_p >= 0) and np.all(sample.min_p <= 1)):  # NaN fails both
+            raise StatusError(Status.BAD_SAMPLING_PARAMS, f"verify_sample: min_p must be in [0, 1] (got {sorted(set(np.asarray(sample.min_p).tolist()))[:4]})")

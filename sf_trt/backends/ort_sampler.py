@@ -4,8 +4,8 @@
 variants and runs, per call, the cheapest one that covers every row:
 
 * no Gumbel row: the greedy graph (``ArgMax`` + ``Equal``);
-* no Gumbel row with ``top_k > 0`` / with ``top_p < 1``: the variant without the
-  TopK / without the top-p bisection;
+* no Gumbel row with ``top_k > 0`` / with ``top_p < 1`` / with ``min_p > 0``: the
+  variant without the TopK / without the top-p bisection / without the min-p filter;
 * otherwise the full graph.
 
 Each variant draws bit-for-bit what the full graph draws on the rows it covers
@@ -13,7 +13,7 @@ Each variant draws bit-for-bit what the full graph draws on the rows it covers
 other rows of the batch, never changes a row's token (SPEC behaviour 3).
 Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts
 (:func:`sf_trt.graphs.verify.sample_feeds`: the fields, and the row's noise keys from its
-``rng_key`` and ``position``).
+``rng_counter_base`` and ``position``).
 """
 
 from __future__ import annotations
@@ -39,29 +39,30 @@ class OrtVerifySampler:
         self.threads = int(threads)
         self._greedy = self._session(_verify.build_greedy_graph(self.vocab))
         self._full = self._session(_verify.build_verify_graph(self.vocab, self.top_k_limit))
-        # (top_k used, top_p used) -> session; built on first use.
-        self._variants = {(True, True): self._full}
+        # (top_k used, top_p used, min_p used) -> session; built on first use.
+        self._variants = {(True, True, True): self._full}
 
     def _session(self, model):
         return open_session(model, threads=self.threads)
 
-    def _variant(self, top_k: bool, top_p: bool):
-        key = (top_k, top_p)
+    def _variant(self, top_k: bool, top_p: bool, min_p: bool):
+        key = (top_k, top_p, min_p)
         if key not in self._variants:
             self._variants[key] = self._session(
-                _verify.build_verify_graph(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p)
+                _verify.build_verify_graph(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p)
             )
         return self._variants[key]
 
     def session_for(self, sample: SampleRows) -> str:
         """Which graph :meth:`run` uses for ``sample``: ``"greedy"`` or
-        ``"gumbel[+top_k][+top_p]"``."""
+        ``"gumbel[+top_k][+top_p][+min_p]"``."""
         gumbel = np.asarray(sample.mode) == _verify.GUMBEL
         if not gumbel.any():
             return "greedy"
         top_k = bool(np.any(np.asarray(sample.top_k)[gumbel] > 0))
         top_p = bool(np.any(np.asarray(sample.top_p, np.float32)[gumbel] < 1.0))
-        return "gumbel" + ("+top_k" if top_k else "") + ("+top_p" if top_p else "")
+        min_p = bool(np.any(np.asarray(sample.min_p, np.float32)[gumbel] > 0.0))
+        return "gumbel" + ("+top_k" if top_k else "") + ("+top_p" if top_p else "") + ("+min_p" if min_p else "")
 
     def run(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         k = sample.num_rows
@@ -73,6 +74,6 @@ class OrtVerifySampler:
         if which == "greedy":
             sess = self._greedy
         else:
-            sess = self._variant("+top_k" in which, "+top_p" in which)
+            sess = self._variant("+top_k" in which, "+top_p" in which, "+min_p" in which)
         tokens, match = sess.run(list(_verify.OUTPUTS), feeds)
         return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)

@@ -19,11 +19,11 @@ TOPK_LIMIT = 16
 
 
 @functools.lru_cache(maxsize=None)
-def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False):
+def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False, min_p: bool = True):
     if greedy:
         model = V.build_greedy_graph(vocab)
     else:
-        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, debug=debug)
+        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -45,9 +45,10 @@ def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool 
         "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
         "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
         "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
-        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
+        "rng_counter_base": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
         "position": rng.integers(0, 2**31, rows, dtype=np.int64),
         "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
+        "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
     }
 
 
@@ -62,10 +63,12 @@ def test_sampler_picks_the_cheapest_graph_and_draws_what_the_full_graph_draws():
     feeds = random_feeds(rng, 24, vocab)
     cases = {
         "greedy": dict(mode=0),
-        "gumbel": dict(top_k=0, top_p=1.0),
-        "gumbel+top_k": dict(top_p=1.0),
-        "gumbel+top_p": dict(top_k=0),
-        "gumbel+top_k+top_p": {},
+        "gumbel": dict(top_k=0, top_p=1.0, min_p=0.0),
+        "gumbel+top_k": dict(top_p=1.0, min_p=0.0),
+        "gumbel+top_p": dict(top_k=0, min_p=0.0),
+        "gumbel+min_p": dict(top_k=0, top_p=1.0, min_p=0.1),
+        "gumbel+top_k+top_p": dict(min_p=0.0),
+        "gumbel+top_k+top_p+min_p": dict(min_p=0.1),
     }
     for which, override in cases.items():
         f = dict(feeds)
@@ -74,6 +77,7 @@ def test_sampler_picks_the_cheapest_graph_and_draws_what_the_full_graph_draws():
         if which != "greedy":
             f["top_k"] = np.where(f["mode"] == 1, f["top_k"], 5)  # greedy rows' params never matter
             f["top_p"] = np.where(f["mode"] == 1, f["top_p"], np.float32(0.3))
+            f["min_p"] = np.where(f["mode"] == 1, f["min_p"], np.float32(0.5))
         sample = sample_rows(f)
         assert sampler.session_for(sample) == which
         tokens, match = sampler.run(f["logits"], sample)
@@ -91,7 +95,7 @@ def test_sampler_converts_dtypes_and_layouts_and_handles_no_rows():
     feeds = random_feeds(rng, 10, vocab)
     want = sampler.run(feeds["logits"], sample_rows(feeds))
     wide = np.asfortranarray(np.concatenate([feeds["logits"], feeds["logits"]], axis=1).astype(np.float64))[:, :vocab]
-    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_key" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
+    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_counter_base" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
     got = sampler.run(wide, sample_rows(odd))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])

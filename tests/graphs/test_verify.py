@@ -31,18 +31,18 @@ VOCABS = (5, 37, 64, 300)  # 64: no padding; the others padded to a multiple of 
 TOPK_LIMIT = 16
 
 
-VARIANTS = ((True, True), (False, True), (True, False), (False, False))  # (top_k, top_p)
+VARIANTS = tuple((k, p, m) for k in (True, False) for p in (True, False) for m in (True, False))  # (top_k, top_p, min_p), full first
 
 
 fast = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @functools.lru_cache(maxsize=None)
-def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False):
+def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False, min_p: bool = True):
     if greedy:
         model = V.build_greedy_graph(vocab)
     else:
-        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, debug=debug)
+        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -69,9 +69,10 @@ def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool 
         "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
         "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
         "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
-        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
+        "rng_counter_base": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
         "position": rng.integers(0, 2**31, rows, dtype=np.int64),
         "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
+        "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
     }
 
 
@@ -79,7 +80,7 @@ def take(feeds, idx):
     return {k: np.ascontiguousarray(v[idx]) for k, v in feeds.items()}
 
 
-def gumbel_rows(rows: int, vocab: int, logits, *, temperature=1.0, top_p=1.0, top_k=0, key0=0):
+def gumbel_rows(rows: int, vocab: int, logits, *, temperature=1.0, top_p=1.0, top_k=0, key0=0, min_p=0.0):
     """Rows that all draw from the same logits under different (key, position) pairs."""
     i = np.arange(rows, dtype=np.int64)
     return {
@@ -88,9 +89,10 @@ def gumbel_rows(rows: int, vocab: int, logits, *, temperature=1.0, top_p=1.0, to
         "temperature": np.full(rows, temperature, np.float32),
         "top_p": np.full(rows, top_p, np.float32),
         "top_k": np.full(rows, top_k, np.int64),
-        "rng_key": key0 + i // 64,
+        "rng_counter_base": key0 + i // 64,
         "position": (i % 64) * 3 + 1,
         "draft": np.full(rows, -1, np.int64),
+        "min_p": np.full(rows, min_p, np.float32),
     }
 
 
@@ -106,10 +108,10 @@ def ops_md_verify_ops() -> set[str]:
 def all_graphs():
     for vocab in (37, 64):
         yield f"greedy V={vocab}", V.build_greedy_graph(vocab)
-        for top_k, top_p in VARIANTS:
+        for top_k, top_p, min_p in VARIANTS:
             for debug in (False, True):
-                yield f"V={vocab} top_k={top_k} top_p={top_p} debug={debug}", V.build_verify_graph(
-                    vocab, TOPK_LIMIT, top_k=top_k, top_p=top_p, debug=debug
+                yield f"V={vocab} top_k={top_k} top_p={top_p} min_p={min_p} debug={debug}", V.build_verify_graph(
+                    vocab, TOPK_LIMIT, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug
                 )
 
 
@@ -133,8 +135,8 @@ def test_every_graph_checks_and_uses_only_the_ops_in_ops_md():
 def unread_inputs(name: str) -> set[str]:
     """The inputs a graph of :func:`all_graphs` does not read."""
     if name.startswith("greedy"):
-        return {"mode", "temperature", "top_p", "top_k", "noise_add", "noise_mul"}
-    return {field for field in ("top_k", "top_p") if f"{field}=False" in name}
+        return {"mode", "temperature", "top_p", "top_k", "noise_add", "noise_mul", "min_p"}
+    return {field for field in ("top_k", "top_p", "min_p") if f"{field}=False" in name}
 
 
 def test_io_names_dims_and_dtypes():
@@ -147,7 +149,7 @@ def test_io_names_dims_and_dtypes():
     T = onnx.TensorProto
     assert types == {
         "logits": T.FLOAT, "mode": T.INT64, "temperature": T.FLOAT, "top_p": T.FLOAT, "top_k": T.INT64,
-        "noise_add": T.INT32, "noise_mul": T.INT32, "draft": T.INT64, "tokens": T.INT64, "match": T.BOOL,
+        "noise_add": T.INT32, "noise_mul": T.INT32, "draft": T.INT64, "min_p": T.FLOAT, "tokens": T.INT64, "match": T.BOOL,
     }
     greedy = V.build_greedy_graph(37)
     assert [i.name for i in greedy.graph.input] == list(V.INPUTS) and [o.name for o in greedy.graph.output] == list(V.OUTPUTS)
@@ -217,13 +219,15 @@ def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows
     rng = np.random.default_rng(seed)
     feeds = random_feeds(rng, 10, vocab)
     full = run(feeds, vocab)
-    for top_k, top_p in VARIANTS[1:]:
+    for top_k, top_p, min_p in VARIANTS[1:]:
         covered = np.ones(10, bool)
         if not top_k:
             covered &= feeds["top_k"] <= 0
         if not top_p:
             covered &= feeds["top_p"] >= 1
-        out = run(feeds, vocab, top_k=top_k, top_p=top_p)
+        if not min_p:
+            covered &= feeds["min_p"] <= 0
+        out = run(feeds, vocab, top_k=top_k, top_p=top_p, min_p=min_p)
         np.testing.assert_array_equal(out[0][covered], full[0][covered])  # tokens
         np.testing.assert_array_equal(out[2], full[2])  # u: the same on every row
         np.testing.assert_array_equal(out[3][covered], full[3][covered])  # candidate sets
@@ -232,12 +236,12 @@ def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows
 def _agreement(feeds, vocab):
     tokens, match, u, keep, lo = run(feeds, vocab)
     ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, details=True)
-    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_key"], feeds["position"], vocab))  # bit-exact
+    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_counter_base"], feeds["position"], vocab))  # bit-exact
     np.testing.assert_array_equal(ref_match, ref == feeds["draft"])
     gumbel = feeds["mode"] == V.GUMBEL
     # a row may differ only where float32 vs float64 rounding can flip it: a near-tie of
     # the two best scores, or top_p within rounding of a cumulative mass / of the threshold
-    fragile = gumbel & ((d["score_gap"] < 1e-4) | (d["mass_gap"] < 1e-4) | (d["lo_gap"] < 1e-4))
+    fragile = gumbel & ((d["score_gap"] < 1e-4) | (d["mass_gap"] < 1e-4) | (d["lo_gap"] < 1e-4) | (d["min_p_gap"] < 1e-5))
     robust = ~fragile
     np.testing.assert_array_equal(tokens[robust], ref[robust])
     np.testing.assert_array_equal(keep[robust][:, :vocab], d["keep"][robust])
@@ -315,6 +319,34 @@ def test_top_k_and_top_p_restrict_the_candidates():
     # top-p applies to the top-k-filtered distribution: top_k=2 renormalizes {0: .75, 1: .25}, top_p=0.7 -> {0}
     _, tokens = _frequencies(gumbel_rows(n, 8, lp, top_k=2, top_p=0.7), 8)
     assert set(tokens.tolist()) == {0}
+
+
+def test_min_p_keeps_the_tokens_within_min_p_of_the_most_likely_and_combines_with_top_k_and_top_p():
+    probs = np.array([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.015, 0.005])
+    lp = np.log(probs).astype(np.float32)
+    n = 8000
+    # min_p = 0.3: p >= 0.12 -> {0, 1, 2}, drawn at their renormalized rates
+    freq, tokens = _frequencies(gumbel_rows(n, 8, lp, min_p=0.3), 8)
+    assert set(tokens.tolist()) == {0, 1, 2}
+    assert np.abs(freq[:3] - probs[:3] / probs[:3].sum()).max() < 0.03
+    # applied after temperature: at T = 0.5 the ratios square, p/p_max >= 0.3 -> {0, 1}
+    _, tokens = _frequencies(gumbel_rows(n, 8, lp, min_p=0.3, temperature=0.5), 8)
+    assert set(tokens.tolist()) == {0, 1}
+    # min_p = 1 keeps only the argmax; min_p = 0 keeps everything
+    _, tokens = _frequencies(gumbel_rows(n, 8, lp, min_p=1.0), 8)
+    assert set(tokens.tolist()) == {0}
+    freq, _ = _frequencies(gumbel_rows(40000, 8, lp, min_p=0.0), 8)
+    assert (freq > 0).all()
+    # with top_k = 2 the tighter filter wins; top_p runs over what both keep: {0, 1, 2} at
+    # 0.5 / 0.3125 / 0.1875, top_p = 0.7 -> {0, 1}
+    _, tokens = _frequencies(gumbel_rows(n, 8, lp, min_p=0.3, top_k=2), 8)
+    assert set(tokens.tolist()) == {0, 1}
+    _, tokens = _frequencies(gumbel_rows(n, 8, lp, min_p=0.3, top_p=0.7), 8)
+    assert set(tokens.tolist()) == {0, 1}
+    # greedy rows ignore it
+    f = gumbel_rows(16, 8, lp[::-1].copy(), min_p=1.0)
+    f["mode"][:] = V.GREEDY
+    assert set(run(f, 8)[0].tolist()) == {7}
 
 
 def test_ties_at_the_top_k_threshold_are_kept():
@@ -412,7 +444,7 @@ def test_the_three_forms_of_the_hash_agree():
     k = np.repeat(EXTREME_KEYS, EXTREME_POSITIONS.size)
     p = np.tile(EXTREME_POSITIONS, EXTREME_KEYS.size)
     feeds = gumbel_rows(k.size, vocab, np.zeros(vocab))
-    feeds["rng_key"], feeds["position"] = k, p
+    feeds["rng_counter_base"], feeds["position"] = k, p
     u = run(feeds, vocab)[2][:, :vocab]
     np.testing.assert_array_equal(u, V.hash_u(k, p, vocab))
     for r in range(k.size):

@@ -1,0 +1,166 @@
+"""``sf-trt serve``: the OpenAI-compatible server (:mod:`sf_trt.serve`) from the command line.
+
+``add_serve_parsers(subparsers)`` registers ``serve`` and ``loadtest``; ``run_serve(args)``
+loads the model in the background (``/health`` answers 503 until it is ready),
+serves with uvicorn, and on SIGTERM or Ctrl+C stops admitting, lets running
+requests finish within ``--drain-timeout`` (then ends them with an error) and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from .flags import DEFAULT_CONTEXT, add_model_flags, ranged
+from .launch import open_backend, resolve
+
+__all__ = ["add_serve_parsers", "run_serve", "FAKE_BACKEND"]
+
+FAKE_BACKEND = "fake"
+"""``--backend fake``: the copy-model fake with a byte tokenizer, for tests and demos (no model)."""
+FAKE_VOCAB, FAKE_EOS = 257, 256
+
+
+def add_serve_parsers(sub: Any) -> None:
+    """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
+    from sf_trt.scheduler import DRAFTERS, LoadAwareDrafting
+
+    speculate_choices = ("none", *DRAFTERS)
+
+    p = sub.add_parser(
+        "serve", help="an OpenAI-compatible server (completions, chat, streaming)",
+        description="Serve the OpenAI API (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, "
+        "/metrics, /version) on the default model (SmolLM2-135M-Instruct) or a given one. Output is the same "
+        "with speculation on or off and alone or under load.",
+    )
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=ranged(int, 0, 65535, what="a port in 0..65535"), default=8000, help="default 8000 (0: any free port)")
+    g.add_argument("--api-key", default=os.environ.get("SF_TRT_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $SF_TRT_API_KEY, else none)")
+    g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model directory's name)")
+    g.add_argument("--max-num-seqs", type=ranged(int, 1, 256, what="lanes in 1..256"), default=8,
+                   help="lanes: requests decoded at once (default 8)")
+    g.add_argument("--max-queued-requests", type=ranged(int, 0, what="a queue length >= 0"), default=256,
+                   help="requests that may wait for a lane; more get 429 with Retry-After (default 256)")
+    g.add_argument("--drain-timeout", type=ranged(float, 0.0, what="seconds >= 0"), default=30.0,
+                   help="on SIGTERM: seconds running requests may take to finish before they end with an error (default 30)")
+    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
+    s = p.add_argument_group("scheduling and speculation")
+    s.add_argument("--speculate", choices=speculate_choices, default="prompt-lookup",
+                   help="the default for requests that do not say (per request: \"sf_trt\": {\"speculate\": ...}); default prompt-lookup")
+    s.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=8,
+                   help="default most draft tokens per verify pass (per request: \"sf_trt\": {\"max_draft\": N}); default 8")
+    s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=8,
+                   help="tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default 8)")
+    policy = LoadAwareDrafting()
+    s.add_argument("--spec-row-budget", type=ranged(int, 1, 4096, what="rows >= 1"), default=policy.row_budget,
+                   help="load-aware drafting: rows per pass speculation may fill; each of B lanes drafts at most "
+                   f"budget // B - 1 tokens (default {policy.row_budget}; docs/serving.md)")
+    s.add_argument("--spec-row-cost", type=ranged(float, 0.0, what="a cost >= 0"), default=policy.row_cost,
+                   help="load-aware drafting: what one more row per lane costs, in passes, at many lanes (B lanes: "
+                   f"cost * B / (B + {policy.row_cost_lanes:g})); the batch drafts while its drafts add more tokens per "
+                   f"pass than their rows cost (default {policy.row_cost}; measure your machine: docs/serving.md)")
+    s.add_argument("--spec-min-acceptance", type=ranged(float, 0.0, 1.0, what="a rate in [0, 1]"), default=policy.min_acceptance,
+                   help=f"load-aware drafting: lanes whose drafts are accepted less often send none (default {policy.min_acceptance})")
+    s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
+                   help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
+    add_model_flags(p)
+    backend = next(a for a in p._actions if a.dest == "backend")
+    backend.choices = (*backend.choices, FAKE_BACKEND)
+    backend.help += f"; {FAKE_BACKEND}: the copy-model fake with a byte tokenizer (tests and demos, no model)"
+    p.set_defaults(func=run_serve)
+
+    from .loadtest import add_loadtest_parser
+
+    add_loadtest_parser(sub)
+
+
+def _open(args) -> tuple[Any, Any, int]:
+    """``(primitives, tokenizer, max_context)`` for ``args``."""
+    max_context = args.max_context or DEFAULT_CONTEXT
+    if args.backend == FAKE_BACKEND:
+        from sf_trt.fake import FakeConfig, FakePrimitives
+        from sf_trt.tokenizer import ByteTokenizer
+
+        cfg = FakeConfig(vocab=FAKE_VOCAB, eos=FAKE_EOS, copy_model=True, verify_rows=True, max_lanes=args.max_num_seqs,
+                         max_context=max_context, max_rows_per_pass=max(1024, args.max_num_seqs), top_k_limit=64)
+        return FakePrimitives(cfg), ByteTokenizer(FAKE_VOCAB, FAKE_EOS), max_context
+    model = resolve(args, progress=False)
+    prims = open_backend(args, model, max_lanes=args.max_num_seqs, max_context=max_context)
+    return prims, model.tokenizer, max_context
+
+
+def _model_name(args) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    if args.backend == FAKE_BACKEND:
+        return FAKE_BACKEND
+    if args.model is not None:
+        return args.model.name
+    if args.gguf is not None:
+        return args.gguf.name.removesuffix(".gguf")
+    from sf_trt import models
+
+    return models.DEFAULT_MODEL.model_name
+
+
+def build_server(args):
+    """``(uvicorn server, state)`` for ``args``; the model loads when the server starts."""
+    import uvicorn
+
+    from sf_trt.drafting import PromptLookupConfig
+    from sf_trt.engine_loop import EngineLoop, LoopConfig
+    from sf_trt.scheduler import LoadAwareDrafting
+    from sf_trt.serve.app import ServerState, create_app
+    from sf_trt.serve.metrics import ServerMetrics
+
+    name = _model_name(args)
+    state = ServerState(
+        model_name=name, metrics=ServerMetrics(name), api_key=args.api_key, default_speculate=args.speculate,
+        default_max_draft=args.max_draft, drain_timeout_s=args.drain_timeout,
+    )
+
+    def loader():
+        prims, tokenizer, max_context = _open(args)
+        if args.speculate != "none" and not (prims.capabilities.verify_rows and prims.capabilities.truncate_partial):
+            state.default_speculate = "none"
+        config = LoopConfig(
+            max_queued=args.max_queued_requests, tick_tokens=args.tick_tokens, prefill_budget=args.prefill_budget,
+            draft_config=PromptLookupConfig(max_draft=args.max_draft),
+            policy=LoadAwareDrafting(row_budget=args.spec_row_budget, row_cost=args.spec_row_cost, min_acceptance=args.spec_min_acceptance),
+        )
+        return EngineLoop(prims, tokenizer=tokenizer, config=config, observer=state.metrics), tokenizer, max_context
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, draining the engine before it waits for connections to close."""
+
+        async def shutdown(self, sockets=None) -> None:
+            if state.engine is not None:
+                state.engine.drain(state.drain_timeout_s)
+            await super().shutdown(sockets)
+
+    app = create_app(state, loader)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout + 5,
+        lifespan="on",
+    )
+    return DrainingServer(config), state
+
+
+def run_serve(args) -> int:
+    """``sf-trt serve``: serve until SIGTERM / Ctrl+C, then drain and exit 0."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    server, state = build_server(args)
+    # uvicorn re-raises the signal it caught once it has shut down; a handler that does
+    # nothing lets the process exit 0 after the drain instead of dying by the signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    print(f"sf-trt serve: model {state.model_name!r} on http://{args.host}:{args.port} (loading; /health is 503 until ready)",
+          file=sys.stderr, flush=True)
+    server.run()
+    return 0 if state.load_error is None else 1

@@ -1,0 +1,174 @@
+"""Request bodies of the OpenAI-compatible routes (pydantic v2, unknown fields refused).
+
+Every model forbids fields it does not declare (``extra="forbid"``): a misspelt or
+unsupported field is a 400 naming it, never silently ignored. Fields the OpenAI API
+defines but sf_trt cannot honour yet are declared so that the 400 can say so
+(:meth:`SamplingFields.unsupported`): they are accepted only at their no-op values
+(a penalty of 0, ``repetition_penalty`` 1, an empty ``logit_bias``, ``response_format``
+``{"type": "text"}``, no tools).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..engine import TOP_LOGPROBS_MAX
+from ..scheduler import DRAFTERS
+
+__all__ = [
+    "SfTrtOptions", "StreamOptions", "SamplingFields", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
+    "SPECULATE_CHOICES", "MAX_N",
+]
+
+SPECULATE_CHOICES = ("none", *DRAFTERS)
+"""What the ``sf_trt.speculate`` field takes: ``none`` or a drafter's name."""
+MAX_N = 16
+"""The most choices (``n``) one request may ask for."""
+_INT63 = 2**63 - 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SfTrtOptions(_Strict):
+    """The ``sf_trt`` extension object (the openai client sends it with ``extra_body``)."""
+
+    speculate: Optional[str] = None
+    """``none`` or a drafter (``prompt-lookup``); default: the server's ``--speculate``."""
+    max_draft: Optional[int] = Field(None, ge=1, le=256)
+    """The most draft tokens per verify pass (default: the server's ``--max-draft``)."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token (until ``max_tokens`` or a stop)."""
+    return_token_ids: bool = False
+    """Add each choice's (and each chunk's) output token ids as ``token_ids``."""
+
+    @field_validator("speculate")
+    @classmethod
+    def _known_drafter(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in SPECULATE_CHOICES:
+            raise ValueError(f"must be one of {list(SPECULATE_CHOICES)} (got {v!r})")
+        return v
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(_Strict):
+    """Fields both routes share."""
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0.0, allow_inf_nan=False)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: Optional[int] = Field(None, ge=-1)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    seed: Optional[int] = Field(None, ge=0, le=_INT63)
+    n: int = Field(1, ge=1, le=MAX_N)
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    sf_trt: Optional[SfTrtOptions] = None
+    # Defined by OpenAI, not honoured yet: accepted at their no-op values only.
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+
+    def unsupported(self) -> list[str]:
+        """The fields set to something sf_trt cannot honour yet, by name."""
+        out = []
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0):
+                out.append(name)
+        if self.repetition_penalty not in (None, 1):
+            out.append("repetition_penalty")
+        if self.logit_bias:
+            out.append("logit_bias")
+        return out
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``."""
+
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool = False
+    logprobs: Optional[int] = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    def unsupported(self) -> list[str]:
+        out = super().unsupported()
+        if self.suffix:
+            out.append("suffix")
+        if self.best_of not in (None, self.n):
+            out.append("best_of")
+        return out
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """The prompts, one per entry of a batch."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Optional[Union[str, list[TextPart]]] = None
+    name: Optional[str] = None
+    refusal: Optional[str] = None
+    tool_calls: Optional[list[Any]] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    response_format: Optional[dict[str, Any]] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    functions: Optional[list[Any]] = None
+    function_call: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+
+    def unsupported(self) -> list[str]:
+        out = super().unsupported()
+        if self.response_format not in (None, {"type": "text"}):
+            out.append("response_format")
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                out.append(name)
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none"):
+                out.append(name)
+        if any(m.tool_calls for m in self.messages):
+            out.append("messages[].tool_calls")
+        return out

@@ -1,0 +1,130 @@
+"""``sf-trt serve`` as a process (cli/serve.py): it serves, and SIGTERM during load
+drains it: every in-flight request finishes or ends with an error event, none hangs,
+the process exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from servers import wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(*flags: str, fake: bool = True, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
+    """``sf-trt serve`` as a process on a free port (the fake backend unless ``fake=False``), once healthy."""
+    port = free_port()
+    backend = ["--backend", "fake"] if fake else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sf_trt.cli", "serve", *backend, "--port", str(port), "--log-level", "warning", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(up, timeout_s)
+    return proc, url
+
+
+def test_sigterm_during_load_finishes_or_fails_every_request_and_exits_0():
+    proc, url = serve("--max-num-seqs", "4", "--drain-timeout", "1.5", "--max-context", "4096")
+    try:
+        async def one(client, i):
+            body = {"prompt": f"request {i}: abc abc abc", "max_tokens": 40 if i % 2 else 4000, "temperature": 0.7, "seed": i,
+                    "stream": True, "sf_trt": {"ignore_eos": True}}
+            ends = []
+            async with client.stream("POST", "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                event = None
+                async for line in resp.aiter_lines():
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line == "data: [DONE]":
+                        ends.append("done")
+                    elif line.startswith("data: "):
+                        obj = json.loads(line[6:])
+                        if event == "error":
+                            assert obj["error"]["type"] == "ServiceUnavailableError" and obj["error"]["code"] == 503
+                            ends.append("error:" + obj["error"]["message"])
+                        for c in obj.get("choices", []):
+                            if c.get("finish_reason"):
+                                ends.append(c["finish_reason"])
+            return ends
+
+        async def main():
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                tasks = [asyncio.create_task(one(client, i)) for i in range(12)]
+                await asyncio.sleep(1.0)  # all admitted or queued, the long ones running
+                proc.send_signal(signal.SIGTERM)
+                return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+        t0 = time.monotonic()
+        results = asyncio.run(main())
+        rc = proc.wait(30)
+        assert rc == 0, proc.stdout.read()
+        assert time.monotonic() - t0 < 20
+        for ends in results:
+            assert ends[-1] == "done", ends  # every stream ended properly
+            assert ends[0] == "length" or "the server is shutting down" in ends[0], ends
+        assert any(e[0] == "length" for e in results) and any(e[0].startswith("error") for e in results)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_serve_answers_and_refuses_bad_flags():
+    proc, url = serve("--served-model-name", "demo", "--api-key", "k")
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={"model": "demo", "prompt": "abc", "max_tokens": 3}, headers={"Authorization": "Bearer k"})
+        assert r.status_code == 200 and r.json()["model"] == "demo"
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    bad = subprocess.run([sys.executable, "-m", "sf_trt.cli", "serve", "--max-num-seqs", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "expected lanes in 1..256, got 0" in bad.stderr
+
+
+@pytest.mark.slow
+def test_serve_with_no_model_flags_serves_the_default_model(real_int8_model_dir):
+    """`sf-trt serve` on the embedded default model: /health turns 200 once it has loaded,
+    the openai client gets an answer, and the seeded answer is the same with
+    speculation on and off."""
+    import openai
+
+    proc, url = serve("--max-context", "512", fake=False, timeout_s=300)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        (model,) = client.models.list().data
+        assert model.id == "SmolLM2-135M-Instruct.Q4_1"
+        answers = [
+            client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Name three colours."}],
+                                           max_tokens=24, seed=3, temperature=0.7, extra_body={"sf_trt": {"speculate": s}})
+            for s in ("none", "prompt-lookup")
+        ]
+        assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+        assert answers[0].usage.completion_tokens > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0

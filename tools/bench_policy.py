@@ -1,0 +1,66 @@
+"""Drafting policies side by side through the Generator (no HTTP): plain, drafting freely, load-aware.
+
+For each lane count, max(8, lanes) requests of the bench prompts run under each policy,
+in --rounds interleaved rounds (the order flips every round), and the medians are
+printed as tok/s and relative to plain, with the draft tokens accepted / proposed.
+
+    python tools/bench_policy.py --lanes 1,4,8,16 --max-tokens 64 --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lanes", default="1,4,8,16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--max-context", type=int, default=512)
+    ap.add_argument("--tick-tokens", type=int, default=8)
+    ap.add_argument("--prompts", type=Path, default=ROOT / "tools" / "prompts" / "bench.jsonl")
+    args = ap.parse_args(argv)
+
+    from sf_trt.abi import SamplingParams
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.export.pipeline import default_model_dir
+    from sf_trt.generate import Generator, Request
+    from sf_trt.scheduler import DraftPolicy, LoadAwareDrafting
+    from sf_trt.tokenizer import Tokenizer
+
+    model_dir = default_model_dir(progress=False, weight_dtype="int8")
+    tok = Tokenizer.load(model_dir)
+    rows = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+    ids = [tok.encode(tok.apply_chat_template(r["messages"])) if "messages" in r else tok.encode(r["prompt"]) for r in rows]
+    for lanes in [int(x) for x in args.lanes.split(",")]:
+        prims = OrtDecoderPrimitives(model_dir, max_lanes=lanes, max_context=args.max_context)
+        reqs = [Request(ids[i % len(ids)], params=SamplingParams(max_tokens=args.max_tokens), seed=i) for i in range(max(8, lanes))]
+        gens = {name: Generator(prims, policy=policy, tick_tokens=args.tick_tokens)
+                for name, policy in (("plain", None), ("free", DraftPolicy()), ("load-aware", LoadAwareDrafting()))}
+        gens["plain"].run([dataclasses.replace(reqs[0], speculate=False, params=SamplingParams(max_tokens=4))])  # warm up
+        speed = {name: [] for name in gens}
+        drafts = {}
+        for rnd in range(args.rounds):
+            for name in (list(gens) if rnd % 2 == 0 else list(gens)[::-1]):
+                t0 = time.perf_counter()
+                res = gens[name].run([dataclasses.replace(r, speculate=name != "plain") for r in reqs])
+                speed[name].append(sum(len(x.tokens) for x in res) / (time.perf_counter() - t0))
+                drafts[name] = f"{sum(x.accepted for x in res)}/{sum(x.proposed for x in res)}"
+        med = {name: statistics.median(v) for name, v in speed.items()}
+        print(f"lanes {lanes}: " + ", ".join(f"{n} {med[n]:.1f} tok/s ({med[n] / med['plain']:.2f}x, drafts {drafts[n]})" for n in gens)
+              + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+        prims.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
