@@ -4,26 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from cli_run import refused, sf_trt
 from tiny_gguf import write_tiny_gguf
-
-
-def sf_trt(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", *args], capture_output=True, text=True, timeout=600,
-                          env=None if env is None else {**os.environ, **env})
-    assert "Traceback" not in proc.stderr, proc.stderr
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
-def refused(*args: str, code: int = 1) -> str:
-    proc = sf_trt(*args)
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    return proc.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(
