@@ -138,7 +138,7 @@ def deployment_options(args: Any) -> dict:
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=args.min_replicas, max_replicas=args.max_replicas, initial_replicas=args.min_replicas,
             target_ongoing_requests=args.target_ongoing_requests, upscale_delay_s=args.upscale_delay,
-            downscale_delay_s=args.downscale_delay, metrics_interval_s=1.0,
+            downscale_delay_s=args.downscale_delay,
             look_back_period_s=max(1.0, min(30.0, args.downscale_delay)),  # a short delay needs a short memory
         )
     else:

@@ -134,14 +134,14 @@ def _proxy_env() -> None:
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
 
 
-def start_ray(args: argparse.Namespace, *, num_cpus: float | None = None):
+def start_ray(args: argparse.Namespace, *, num_cpus: float | None = None, log_to_driver: bool = True):
     """Join ``--ray-address`` or start a local cluster, then start Serve's proxy on
     ``--host``/``--port``. Returns ``(ray, serve, started_here)``."""
     ray, serve = import_ray()
     _proxy_env()
     started_here = args.ray_address is None
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": log_to_driver}
         if started_here:
             kwargs["num_cpus"] = num_cpus
         ray.init(address=args.ray_address, **kwargs)

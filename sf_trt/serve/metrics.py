@@ -61,6 +61,9 @@ class ServerMetrics:
         self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens sent for verification.")
         self.accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens verified and emitted.")
         self._labels = {"model_name": model_name, **extra}
+        for series in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.disconnects,
+                       self.drafts, self.draft_tokens, self.accepted_tokens):
+            series.labels(**self._labels)  # present (at 0) from the start, so a server that served nothing shows
 
     # -- LoopObserver (called on the engine loop's thread) ----------------------------------------
 

@@ -9,7 +9,11 @@ ASGI middleware Ray runs in its HTTP proxy (:func:`ray_proxy_middlewares`, named
 ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``), rewrites any plain-text error into
 ``{"error": {"message", "type", "param", "code"}}``, keeping the status and every
 other header (``Retry-After`` included). JSON errors (the replicas' own) and
-successful answers pass through untouched, streamed chunk by chunk.
+successful answers pass through untouched, streamed chunk by chunk. A request whose
+replica died under it, which Ray ends with no answer or a cut stream, gets a 503
+``ServiceUnavailableError`` (or, once a stream's headers are out, an SSE ``error``
+event then ``data: [DONE]``) saying so: clients retry it, and a seeded request
+answers the same on any replica.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ __all__ = ["OpenAIErrorBodies", "ray_proxy_middlewares", "PROXY_CALLBACK", "PROX
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "sf_trt.serve.proxy:ray_proxy_middlewares"
 """The value of :data:`PROXY_CALLBACK_ENV` that installs the middleware in Ray's proxies."""
+
+LOST = ("the replica serving this request was lost (its process or machine died) before it finished; retry it: "
+        "a seeded request answers the same tokens on any replica")
 
 ERROR_TYPES = {
     400: "BadRequestError", 404: "NotFoundError", 408: "APITimeoutError", 429: "RateLimitError",
@@ -48,14 +55,19 @@ class OpenAIErrorBodies:
             return
         held: dict | None = None
         body: list[bytes] = []
+        started = ended = sse = False
 
         async def send_rewritten(message: dict) -> None:
-            nonlocal held
+            nonlocal held, started, ended, sse
             if message["type"] == "http.response.start":
+                started = True
                 kind = _header(message.get("headers"), b"content-type")
+                sse = kind.startswith(b"text/event-stream")
                 if message["status"] >= 400 and (not kind or kind.startswith(b"text/plain")):
                     held = message
                     return
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
             elif held is not None and message["type"] == "http.response.body":
                 body.append(message.get("body", b""))
                 if message.get("more_body", False):
@@ -73,7 +85,25 @@ class OpenAIErrorBodies:
                 return
             await send(message)
 
-        await self.app(scope, receive, send_rewritten)
+        try:
+            await self.app(scope, receive, send_rewritten)
+        except Exception:  # noqa: BLE001 - answered below, as Ray would have left the client without one
+            pass
+        if ended:
+            return
+        # The replica was lost mid-request (its process or machine died) and Ray sent nothing
+        # more: say so, rather than leave the client with a connection closed mid-answer.
+        error = {"error": {"message": LOST, "type": "ServiceUnavailableError", "param": None, "code": 503}}
+        if not started:
+            payload = json.dumps(error).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+            await send({"type": "http.response.body", "body": payload})
+        elif sse:  # headers went out: the error travels in the stream, as the server's own do
+            await send({"type": "http.response.body",
+                        "body": f"event: error\ndata: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()})
+        else:
+            await send({"type": "http.response.body", "body": b""})
 
 
 def ray_proxy_middlewares() -> list:
