@@ -117,7 +117,7 @@ class SfTrtReplica:
         self._pusher.cancel()
         # the hub may be gone already (the app is being deleted): a call to it would wait for a replica
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.hub.forget.remote(self.replica), timeout=1.0)
+            await asyncio.wait_for(self.hub.forget.remote(self.replica), timeout=0.5)
 
 
 def deployment_options(args: Any) -> dict:
@@ -130,6 +130,7 @@ def deployment_options(args: Any) -> dict:
         "max_queued_requests": args.max_queued_requests,
         "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=args.retry_after),
         "graceful_shutdown_timeout_s": args.drain_timeout + 5,
+        "graceful_shutdown_wait_loop_s": 0.5,  # a replica being stopped looks this often whether its requests are done
     }
     if args.max_replicas_per_node is not None:
         opts["max_replicas_per_node"] = args.max_replicas_per_node
