@@ -4,7 +4,7 @@
 once (a Ray flag without ``--ray``, ``--replicas`` with autoscaling, bounds that
 cross) and fills the defaults that depend on others; ``run_serve_ray(args)`` joins
 ``--ray-address`` or starts a local Ray cluster, runs the application
-(:mod:`sf_trt.cli.ray_app`), serves until SIGTERM / Ctrl+C, then deletes it
+(:mod:`sf_trt.cli.ray_deployment`), serves until SIGTERM / Ctrl+C, then deletes it
 (replicas drain for ``--drain-timeout``) and stops the cluster it started.
 This module imports Ray only when it runs; without Ray, ``--ray`` is a one-line
 refusal naming the extra to install.
@@ -18,12 +18,12 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import CliError
 from .flags import ranged
 
-__all__ = ["add_ray_flags", "resolve_ray_flags", "parse_ray_flags", "import_ray", "run_serve_ray", "RAY_MISSING"]
+__all__ = ["add_ray_flags", "resolve_ray_flags", "import_ray", "start_ray", "run_serve_ray", "RAY_MISSING"]
 
 RAY_MISSING = "sf-trt serve --ray needs Ray Serve, which is not installed here: pip install 'sf-trt[ray]'"
 
@@ -101,21 +101,6 @@ def resolve_ray_flags(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def parse_ray_flags(flags: Sequence[str]) -> argparse.Namespace:
-    """``sf-trt serve --ray FLAGS`` parsed and resolved (for ``serve run`` / KubeRay, where
-    Ray owns the address and the HTTP port)."""
-    from . import build_parser
-
-    for own in ("--host", "--port", "--ray-address"):
-        if any(f == own or f.startswith(own + "=") for f in flags):
-            raise CliError(f"{own}: set by Ray Serve's config (http_options, the cluster), not by the application's flags")
-    try:
-        args = build_parser().parse_args(["serve", "--ray", *flags])
-    except SystemExit as exc:
-        raise CliError(f"bad sf-trt serve flags {' '.join(flags)!r} (see sf-trt serve --help)") from exc
-    return resolve_ray_flags(args)
-
-
 def import_ray():
     """``(ray, ray.serve)``, or a :class:`CliError` saying how to install them."""
     try:
@@ -152,7 +137,7 @@ def start_ray(args: argparse.Namespace, *, num_cpus: float | None = None, log_to
 def run_serve_ray(args: argparse.Namespace) -> int:
     """``sf-trt serve --ray``: run the application until SIGTERM / Ctrl+C, then take it down."""
     ray, serve, started_here = start_ray(args)
-    from .ray_app import APP_NAME, build_app
+    from .ray_deployment import APP_NAME, build_app
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

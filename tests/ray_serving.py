@@ -31,7 +31,7 @@ def free_port() -> int:
 
 def ray_args(*flags: str):
     """`sf-trt serve --ray --backend fake FLAGS`, parsed and resolved as the command does."""
-    from sf_trt.cli.serve_ray import parse_ray_flags
+    from sf_trt.cli.ray_app import parse_ray_flags
 
     return parse_ray_flags(["--backend", "fake", "--replica-cpus", "0.5", *flags])
 
@@ -41,7 +41,7 @@ def deployed(args) -> Iterator[Any]:
     """The application of ``args`` running on the Ray cluster this process joined; deleted after."""
     from ray import serve
 
-    from sf_trt.cli.ray_app import APP_NAME, build_app
+    from sf_trt.cli.ray_deployment import APP_NAME, build_app
 
     serve.run(build_app(args), name=APP_NAME, route_prefix="/")
     try:
@@ -54,7 +54,7 @@ def replica_states() -> dict[str, int]:
     """The ``sf_trt`` deployment's replicas by state (``{"RUNNING": 2}``)."""
     from ray import serve
 
-    from sf_trt.cli.ray_app import APP_NAME, DEPLOYMENT
+    from sf_trt.cli.ray_deployment import APP_NAME, DEPLOYMENT
 
     app = serve.status().applications.get(APP_NAME)
     if app is None or DEPLOYMENT not in app.deployments:
@@ -149,12 +149,12 @@ def same(a: dict, b: dict) -> bool:
 
 @contextlib.contextmanager
 def single_process(args, model_name: Optional[str] = None) -> Iterator[str]:
-    """The plain `sf-trt serve` over the backend ``args`` name (the same `_open` the replicas run, at the
+    """The plain `sf-trt serve` over the backend ``args`` name (the same `open_served` the replicas run, at the
     fake's full speed: its pace never changes a token); its URL."""
     import argparse
 
-    from sf_trt.cli.serve import _model_name, _open
+    from sf_trt.cli.serve_state import open_served, served_model_name
 
-    prims, tokenizer, max_context = _open(argparse.Namespace(**{**vars(args), "fake_pass_ms": 0.0}))
-    with live_server(prims, tokenizer=tokenizer, max_context=max_context, model_name=model_name or _model_name(args)) as live:
+    prims, tokenizer, max_context = open_served(argparse.Namespace(**{**vars(args), "fake_pass_ms": 0.0}))
+    with live_server(prims, tokenizer=tokenizer, max_context=max_context, model_name=model_name or served_model_name(args)) as live:
         yield live.url

@@ -20,7 +20,8 @@ from ray_serving import answer, answer_all, bodies, by_replica, deployed, free_p
 
 from sf_trt.cli import main
 from sf_trt.cli.errors import CliError
-from sf_trt.cli.serve_ray import parse_ray_flags, resolve_ray_flags
+from sf_trt.cli.ray_app import parse_ray_flags
+from sf_trt.cli.serve_ray import resolve_ray_flags
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[test,ray]')")
 
