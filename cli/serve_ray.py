@@ -129,7 +129,8 @@ def start_ray(args: argparse.Namespace, *, num_cpus: float | None = None, log_to
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": log_to_driver}
         if started_here:
             kwargs["num_cpus"] = num_cpus
-        ray.init(address=args.ray_address, **kwargs)
+        # "local": a new cluster of our own, never one that `ray start` left running here
+        ray.init(address=args.ray_address or "local", **kwargs)
     serve.start(http_options={"host": args.host, "port": args.port}, proxy_location="HeadOnly")
     return ray, serve, started_here
 
@@ -153,10 +154,26 @@ def run_serve_ray(args: argparse.Namespace) -> int:
             pass
         print("sf-trt serve --ray: stopping (replicas drain their requests)", file=sys.stderr, flush=True)
     finally:
-        try:
-            serve.delete(APP_NAME)
-        finally:
-            if started_here:
-                serve.shutdown()
-                ray.shutdown()
+        # bounded: a cluster that lost its processes (a signal to the whole process group) must not hang the exit
+        _bounded(lambda: serve.delete(APP_NAME), args.drain_timeout + 15, "deleting the application")
+        if started_here:
+            _bounded(serve.shutdown, 30, "stopping Serve")
+            ray.shutdown()
     return 0
+
+
+def _bounded(step, timeout_s: float, what: str) -> None:
+    """Run ``step`` for at most ``timeout_s`` seconds (then go on, with a note)."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - reported, then the shutdown goes on
+            print(f"sf-trt serve --ray: {what} failed: {exc}", file=sys.stderr, flush=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"sf_trt-{what}", daemon=True).start()
+    if not done.wait(timeout_s):
+        print(f"sf-trt serve --ray: {what} took more than {timeout_s:g}s; going on", file=sys.stderr, flush=True)

@@ -1,17 +1,19 @@
 """`sf-trt serve --ray` with 1 and 2 replicas against the plain server, in one run.
 
-For each server — the plain `sf-trt serve`, then `sf-trt serve --ray --replicas 1`,
-then `--replicas 2` (each on its own local Ray cluster, started and stopped by the
-command) — run `sf-trt loadtest` at each concurrency (greedy, seeded, the bench
-prompts, every loadtest's own checks on) and record requests/s and output tokens/s.
-Prints a table and the ratios that matter: Ray with one replica over the plain
-server at concurrency 1 (the proxy's overhead), and two replicas over one.
+Three servers run side by side — the plain `sf-trt serve`, `sf-trt serve --ray
+--replicas 1` and `--replicas 2` (each Ray one on its own local cluster, started and
+stopped by the command) — and, at each concurrency, `sf-trt loadtest` runs against
+each in turn, `--repeats` rounds in rotating order, so a change in the machine's load
+hits all three alike (greedy, seeded, the bench prompts, every loadtest's own checks
+on). Reports the mean requests/s and output tokens/s, and the ratios that matter, per
+round then averaged: Ray with one replica over the plain server at concurrency 1 (the
+proxy's overhead), and two replicas over one.
 
-    python tools/bench_ray.py --concurrency 1,8,32 --max-tokens 32 --json bench_ray.json
+    python tools/bench_ray.py --concurrency 1,8,32 --max-tokens 32 --repeats 2 --json bench_ray.json
 
 Replicas split the cores: with N replicas each gets `--threads cores // N` and
-`--replica-cpus cores / N`. The servers run one after the other, so note the
-machine's load (printed before and after).
+`--replica-cpus cores / N`. Idle servers cost little, but not nothing (Ray's
+processes); the load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -40,27 +42,46 @@ def main(argv=None) -> int:
     ap.add_argument("--max-context", type=int, default=512)
     ap.add_argument("--lanes", type=int, default=8, help="--max-num-seqs of each server (each replica)")
     ap.add_argument("--prompts", type=Path, default=ROOT / "tools" / "prompts" / "bench.jsonl")
-    ap.add_argument("--min-requests", type=int, default=8, help="requests per run: max(this, 2 x the concurrency)")
+    ap.add_argument("--min-requests", type=int, default=8, help="requests per run: max(this, the concurrency)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds per concurrency, the servers' order rotating")
     ap.add_argument("--backend-flag", action="append", default=[], help="an extra flag for every server (repeatable), e.g. --backend-flag=--backend=fake")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     cores = len(os.sched_getaffinity(0))
     loads = [os.getloadavg()]
-    rows: dict[str, dict[int, dict]] = {}
-    for name, flags in servers(cores):
-        proc, url = start_server(args.lanes, args.max_context, [*flags, *args.backend_flag])
-        try:
-            loadtest(url, argparse.Namespace(**{**vars(args), "min_requests": args.min_requests}), 1, "prompt-lookup")  # warm up
-            rows[name] = {}
-            for c in concurrencies:
-                lt_args = argparse.Namespace(**{**vars(args), "min_requests": max(args.min_requests, 2 * c)})
-                r = loadtest(url, lt_args, c, "prompt-lookup")
-                rows[name][c] = {"req_s": round(r["request_throughput"], 3), "tok_s": round(r["output_throughput"], 2),
-                                 "median_ttft_ms": round(r["median_ttft_ms"], 1), "requests": r["completed"]}
-                print(json.dumps({"server": name, "concurrency": c, **rows[name][c]}), file=sys.stderr, flush=True)
-        finally:
-            stop_server(proc)
+    names = [name for name, _ in servers(cores)]
+    runs: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in concurrencies} for name in names}
+    procs = {}
+    try:
+        for name, flags in servers(cores):
+            procs[name] = start_server(args.lanes, args.max_context, [*flags, *args.backend_flag])
+        for name in names:  # warm up
+            loadtest(procs[name][1], args, 1, "prompt-lookup")
+        for c in concurrencies:
+            lt_args = argparse.Namespace(**{**vars(args), "min_requests": max(args.min_requests, c)})
+            for rnd in range(args.repeats):
+                for name in names[rnd % 3:] + names[: rnd % 3]:
+                    r = loadtest(procs[name][1], lt_args, c, "prompt-lookup")
+                    runs[name][c].append({"req_s": r["request_throughput"], "tok_s": r["output_throughput"],
+                                          "median_ttft_ms": r["median_ttft_ms"], "requests": r["completed"]})
+                    print(json.dumps({"server": name, "concurrency": c, "round": rnd, **runs[name][c][-1]}), file=sys.stderr, flush=True)
+    finally:
+        for proc, _ in procs.values():
+            try:
+                stop_server(proc)
+            except SystemExit as exc:
+                print(exc, file=sys.stderr)
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    rows = {name: {c: {k: round(mean([r[k] for r in runs[name][c]]), 3) for k in ("req_s", "tok_s", "median_ttft_ms")}
+                   for c in concurrencies} for name in names}
+
+    def ratio(a: str, b: str, c: int, key: str = "tok_s") -> float:
+        return mean([x[key] / y[key] for x, y in zip(runs[a][c], runs[b][c])])  # per round, then averaged
+
     loads.append(os.getloadavg())
     print(f"load average (1, 5, 15 min) before: {loads[0]}, after: {loads[1]}; {cores} cores")
     print("| server | " + " | ".join(f"C={c} req/s | C={c} tok/s" for c in concurrencies) + " |")
@@ -69,14 +90,15 @@ def main(argv=None) -> int:
         print(f"| {name} | " + " | ".join(f"{by_c[c]['req_s']} | {by_c[c]['tok_s']}" for c in concurrencies) + " |")
     first = concurrencies[0]
     ratios = {
-        f"ray x1 / plain tok/s at C={first} (the proxy's cost)": rows["ray x1"][first]["tok_s"] / rows["plain"][first]["tok_s"],
-        f"ray x1 / plain median TTFT at C={first}": rows["ray x1"][first]["median_ttft_ms"] / rows["plain"][first]["median_ttft_ms"],
-        **{f"ray x2 / ray x1 tok/s at C={c}": rows["ray x2"][c]["tok_s"] / rows["ray x1"][c]["tok_s"] for c in concurrencies},
+        f"ray x1 / plain tok/s at C={first} (the proxy's cost)": ratio("ray x1", "plain", first),
+        f"ray x1 / plain median TTFT at C={first}": ratio("ray x1", "plain", first, "median_ttft_ms"),
+        **{f"ray x2 / ray x1 tok/s at C={c}": ratio("ray x2", "ray x1", c) for c in concurrencies},
+        **{f"ray x1 / plain tok/s at C={c}": ratio("ray x1", "plain", c) for c in concurrencies[1:]},
     }
     for k, v in ratios.items():
         print(f"{k}: {v:.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "ratios": ratios, "load": loads, "cores": cores,
+        args.json.write_text(json.dumps({"rows": rows, "runs": runs, "ratios": ratios, "load": loads, "cores": cores,
                                          "settings": {k: str(v) for k, v in vars(args).items()}}, indent=2) + "\n")
     return 0
 
