@@ -54,9 +54,6 @@ class MetricsHub:
     def forget(self, replica: str) -> None:
         self._texts.pop(replica, None)
 
-    def replicas(self) -> list[str]:
-        return sorted(self._fresh())
-
     def render(self) -> bytes:
         from sf_trt.serve.metrics import merge_expositions
 
@@ -96,8 +93,14 @@ class SfTrtReplica:
         await asyncio.wait_for(self.hub.report.remote(self.replica, self.state.metrics.render()), HUB_TIMEOUT_S)
 
     async def _deployment_metrics(self) -> bytes:
-        await self._report()
-        return await asyncio.wait_for(self.hub.render.remote(), HUB_TIMEOUT_S)
+        from sf_trt.serve.app import ApiError
+
+        try:
+            await self._report()
+            return await asyncio.wait_for(self.hub.render.remote(), HUB_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "ServiceUnavailableError", f"the metrics hub ({METRICS_DEPLOYMENT}) did not answer within "
+                           f"{HUB_TIMEOUT_S:g}s (it is being restarted?); retry shortly") from None
 
     async def _push_metrics(self) -> None:
         while True:

@@ -148,7 +148,12 @@ def run_serve_ray(args: argparse.Namespace) -> int:
         scale = (f"{args.replicas} replica(s)" if args.min_replicas is None
                  else f"{args.min_replicas}..{args.max_replicas} replicas (autoscaling)")
         print(f"sf-trt serve --ray: starting {scale} on {where} (the model loads in each replica)", file=sys.stderr, flush=True)
-        serve.run(build_app(args), name=APP_NAME, route_prefix="/", blocking=False)
+        try:
+            serve.run(build_app(args), name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # Ray's DeploymentFailed: a replica's constructor raised (the model did not load ...)
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            raise CliError(f"the replicas did not start: {lines[-1] if lines else type(exc).__name__} "
+                           "(replica logs: /tmp/ray/session_latest/logs/serve/)") from None
         print(f"sf-trt serve --ray: serving on http://{args.host}:{args.port} (Ctrl+C or SIGTERM to stop)", file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             pass
