@@ -137,12 +137,13 @@ def deployment_options(args: Any) -> dict:
     if args.max_replicas_per_node is not None:
         opts["max_replicas_per_node"] = args.max_replicas_per_node
     if args.min_replicas is not None:
+        look_back = max(1.0, min(30.0, args.downscale_delay))  # a short delay needs a short memory
+        extra = {"metrics_interval_s": look_back / 2} if look_back <= 10.0 else {}  # Ray wants reports within the look-back
         opts["num_replicas"] = "auto"
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=args.min_replicas, max_replicas=args.max_replicas, initial_replicas=args.min_replicas,
             target_ongoing_requests=args.target_ongoing_requests, upscale_delay_s=args.upscale_delay,
-            downscale_delay_s=args.downscale_delay,
-            look_back_period_s=max(1.0, min(30.0, args.downscale_delay)),  # a short delay needs a short memory
+            downscale_delay_s=args.downscale_delay, look_back_period_s=look_back, **extra,
         )
     else:
         opts["num_replicas"] = args.replicas

@@ -66,7 +66,7 @@ class OpenAIErrorBodies:
                 if message["status"] >= 400 and (not kind or kind.startswith(b"text/plain")):
                     held = message
                     return
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            elif held is None and message["type"] == "http.response.body" and not message.get("more_body", False):
                 ended = True
             elif held is not None and message["type"] == "http.response.body":
                 body.append(message.get("body", b""))
@@ -82,6 +82,7 @@ class OpenAIErrorBodies:
                 headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
                 await send({**held, "headers": headers})
                 await send({"type": "http.response.body", "body": payload})
+                ended = True
                 return
             await send(message)
 

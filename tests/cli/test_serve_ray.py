@@ -133,7 +133,7 @@ def test_above_rays_queue_limit_429_with_retry_after_in_openais_envelope_and_not
                 return [await running, *[await q for q in queued]], over
 
         got, over = asyncio.run(main_())
-    assert over.status_code == 429 and over.headers["retry-after"] == "2"
+    assert over.status_code == 429 and over.headers["retry-after"] == "2", (over.status_code, over.headers, over.text)
     err = over.json()["error"]
     assert err["type"] == "RateLimitError" and err["code"] == 429 and "max_queued_requests=2" in err["message"]
     assert [g["status"] for g in got] == [200, 200, 200]
