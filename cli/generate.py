@@ -7,6 +7,7 @@ import json
 import sys
 
 from sf_trt.abi import Finish
+from sf_trt.scheduler import DRAFTERS
 
 from .errors import CliError
 from .flags import add_model_flags, add_sampling_flags, sampling
@@ -23,8 +24,9 @@ def add_generate_parser(sub) -> None:
     src.add_argument("--chat", help="a user message, wrapped in the model's chat template (its text stays text: "
                      "<|im_start|> typed in it is never a control token)")
     src.add_argument("--prompt-ids", type=_parse_ids, help="token ids, comma-separated")
-    g.add_argument("--speculate", choices=("none", "prompt-lookup"), default="prompt-lookup",
-                   help="prompt-lookup (default) drafts from the prompt and verifies in one pass; output is identical either way")
+    g.add_argument("--speculate", choices=("none", *DRAFTERS), default="prompt-lookup",
+                   help="prompt-lookup (default) drafts from the prompt; suffix also from earlier requests' text; "
+                   "drafts are verified in one pass, so output is identical either way")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     add_sampling_flags(g, 256)
     add_model_flags(g)
@@ -88,7 +90,8 @@ def cmd_generate(args) -> int:
              "the output stops there (finish \"context\")")
     prims = open_backend(args, model, max_lanes=1, max_context=window)
     gen = generator(prims, args)
-    request = Request(ids, mode, params, seed=args.seed, speculate=args.speculate == "prompt-lookup")
+    speculate = args.speculate != "none"
+    request = Request(ids, mode, params, seed=args.seed, speculate=speculate, drafter=args.speculate if speculate else "prompt-lookup")
     stream = tok.stream(skip_special=True)
     on_tokens = None
     if not args.json:

@@ -184,66 +184,17 @@ class _Analysis:
         op, ins = node.op_type, [self.get(i) if i else None for i in node.input]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         n_out = len(node.output)
-
-        def all_known(*xs):
-            return all(x is not None for x in xs)
-
         if op == "Constant":
-            t = attrs.get("value")
-            if isinstance(t, onnx.TensorProto) and t.data_type in INT_TYPES:
-                return [_of_array(numpy_helper.to_array(t))]
-            if "value_int" in attrs:
-                return [Interval(int(attrs["value_int"]), int(attrs["value_int"]))]
-            if "value_ints" in attrs:
-                return [_of_array(np.asarray(attrs["value_ints"], np.int64))]
-            return [None]
+            return [_constant(attrs)]
         if op == "Sub" and len(node.input) == 2:
             remainder = self._remainder_of(node)
             if remainder is not None:
                 return [remainder]
-        if op in ("Add", "Sub", "Mul", "Sum") and ins and all_known(*ins):
-            acc = ins[0]
-            for b in ins[1:]:
-                if op in ("Add", "Sum"):
-                    acc = Interval(acc.lo + b.lo, acc.hi + b.hi)
-                elif op == "Sub":
-                    acc = Interval(acc.lo - b.hi, acc.hi - b.lo)
-                else:
-                    corners = [acc.lo * b.lo, acc.lo * b.hi, acc.hi * b.lo, acc.hi * b.hi]
-                    acc = Interval(min(corners), max(corners))
-            return [acc]
-        if op == "Neg" and all_known(ins[0]):
-            return [Interval(-ins[0].hi, -ins[0].lo)]
-        if op == "Abs" and all_known(ins[0]):
-            a = ins[0]
-            return [Interval(0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi)), a.magnitude())]
-        if op == "Div" and all_known(*ins[:2]):
-            a, b = ins[0], ins[1]
-            if b.lo <= 0 <= b.hi:
-                return [None]
-            qs = [_trunc_div(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
-            return [Interval(min(qs), max(qs))]
-        if op == "Mod" and all_known(*ins[:2]):
-            a, b = ins[0], ins[1]
-            if b.lo <= 0 <= b.hi:
-                return [None]
-            if attrs.get("fmod", 0):
-                m = min(b.magnitude() - 1, a.magnitude())
-                return [Interval(-m if a.lo < 0 else 0, m if a.hi > 0 else 0)]
-            if b.lo > 0:
-                return [a if 0 <= a.lo and a.hi < b.lo else Interval(0, b.hi - 1)]
-            return [a if b.hi < a.lo and a.hi <= 0 else Interval(b.lo + 1, 0)]
-        if op in ("Max", "Min") and ins and all_known(*ins):
-            pick = max if op == "Max" else min
-            return [Interval(pick(x.lo for x in ins), pick(x.hi for x in ins))]
-        if op == "Where":
-            x, y = ins[1], ins[2]
-            return [x.union(y) if all_known(x, y) else None]
-        if op in ("Identity", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Transpose", "Flatten",
-                  "Slice", "Gather", "GatherElements", "GatherND", "ReduceMax", "ReduceMin", "DepthToSpace",
-                  "SpaceToDepth", "ReverseSequence"):
-            return [ins[0]] * n_out
-        if op == "Split":
+        if op in _ARITHMETIC:
+            return [_arithmetic(op, ins)]
+        if op in ("Div", "Mod"):
+            return [_division(op, ins, attrs)]
+        if op in _PASS_THROUGH:
             return [ins[0]] * n_out
         if op == "TopK":
             return [ins[0], self._index_range(node, attrs.get("axis", -1))]
@@ -257,37 +208,38 @@ class _Analysis:
             value = ins[2] if len(ins) > 2 and node.input[2] else Interval(0, 0)
             return [self._union([ins[0], value])]
         if op == "Cast":
-            to = attrs.get("to")
-            src = self.types.get(node.input[0])
-            if to not in INT_TYPES:
-                return [None]
-            if src == TensorProto.BOOL:
-                return [Interval(0, 1)]
-            if src in INT_TYPES and ins[0] is not None:
-                d = _dtype_range(to)
-                return [ins[0] if d.lo <= ins[0].lo and ins[0].hi <= d.hi else None]
-            return [None]
+            return [self._cast(node, attrs.get("to"), ins[0])]
         if op == "Shape":
             return [self._shape_range(node, attrs)]
         if op == "Size":
-            dims = self.shapes.get(node.input[0])
-            if dims is None:
-                return [None]
-            ivs = [self.dim_interval(d) for d in dims]
-            if not all_known(*ivs):
-                return [None]
-            return [Interval(int(np.prod([i.lo for i in ivs])), int(np.prod([i.hi for i in ivs])))]
-        if op == "Range" and all_known(*ins[:3]):
-            start, limit, delta = ins[0], ins[1], ins[2]
-            if delta.lo > 0:
-                return [Interval(start.lo, max(start.hi, limit.hi - 1))]
-            if delta.hi < 0:
-                return [Interval(min(start.lo, limit.lo + 1), start.hi)]
-            return [None]
+            return [self._size(node)]
+        if op == "Range":
+            return [_range(ins)]
         if op == "ConstantOfShape":
             t = attrs.get("value")
             return [_of_array(numpy_helper.to_array(t)) if isinstance(t, onnx.TensorProto) else Interval(0, 0)]
         return [None] * n_out
+
+    def _cast(self, node: onnx.NodeProto, to: int | None, x: Interval | None) -> Interval | None:
+        """An integer Cast keeps its input's range when the target type holds it."""
+        src = self.types.get(node.input[0])
+        if to not in INT_TYPES:
+            return None
+        if src == TensorProto.BOOL:
+            return Interval(0, 1)
+        if src in INT_TYPES and x is not None:
+            d = _dtype_range(to)
+            return x if d.lo <= x.lo and x.hi <= d.hi else None
+        return None
+
+    def _size(self, node: onnx.NodeProto) -> Interval | None:
+        dims = self.shapes.get(node.input[0])
+        if dims is None:
+            return None
+        ivs = [self.dim_interval(d) for d in dims]
+        if any(i is None for i in ivs):
+            return None
+        return Interval(int(np.prod([i.lo for i in ivs])), int(np.prod([i.hi for i in ivs])))
 
     def _union(self, ivs: Iterable[Interval | None]) -> Interval | None:
         ivs = list(ivs)
@@ -362,3 +314,80 @@ def arithmetic_findings(
             severity = "error" if node.op_type in DIVISION else "warning"
             found.append(ArithmeticFinding(node.name or f"#{index}", node.op_type, problem, severity))
     return found
+
+
+# -- transfer functions of single ops ------------------------------------------------------
+
+_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Sum", "Neg", "Abs", "Max", "Min", "Where"})
+_PASS_THROUGH = frozenset({
+    "Identity", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Transpose", "Flatten", "Slice", "Gather",
+    "GatherElements", "GatherND", "ReduceMax", "ReduceMin", "DepthToSpace", "SpaceToDepth", "ReverseSequence", "Split",
+})
+"""Ops whose integer outputs take their values from their first input."""
+
+
+def _constant(attrs: dict) -> Interval | None:
+    t = attrs.get("value")
+    if isinstance(t, onnx.TensorProto) and t.data_type in INT_TYPES:
+        return _of_array(numpy_helper.to_array(t))
+    if "value_int" in attrs:
+        return Interval(int(attrs["value_int"]), int(attrs["value_int"]))
+    if "value_ints" in attrs:
+        return _of_array(np.asarray(attrs["value_ints"], np.int64))
+    return None
+
+
+def _arithmetic(op: str, ins: list[Interval | None]) -> Interval | None:
+    """Add, Sub, Mul, Sum, Neg, Abs, Max, Min and Where (its two value inputs)."""
+    if op == "Where":
+        x, y = ins[1], ins[2]
+        return x.union(y) if x is not None and y is not None else None
+    if not ins or any(x is None for x in ins):
+        return None
+    if op == "Neg":
+        return Interval(-ins[0].hi, -ins[0].lo)
+    if op == "Abs":
+        a = ins[0]
+        return Interval(0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi)), a.magnitude())
+    if op in ("Max", "Min"):
+        pick = max if op == "Max" else min
+        return Interval(pick(x.lo for x in ins), pick(x.hi for x in ins))
+    acc = ins[0]
+    for b in ins[1:]:
+        if op in ("Add", "Sum"):
+            acc = Interval(acc.lo + b.lo, acc.hi + b.hi)
+        elif op == "Sub":
+            acc = Interval(acc.lo - b.hi, acc.hi - b.lo)
+        else:
+            corners = [acc.lo * b.lo, acc.lo * b.hi, acc.hi * b.lo, acc.hi * b.hi]
+            acc = Interval(min(corners), max(corners))
+    return acc
+
+
+def _division(op: str, ins: list[Interval | None], attrs: dict) -> Interval | None:
+    """Div (truncating) and Mod (fmod or the sign of the divisor); None when the divisor may be 0."""
+    if len(ins) < 2 or ins[0] is None or ins[1] is None:
+        return None
+    a, b = ins[0], ins[1]
+    if b.lo <= 0 <= b.hi:
+        return None
+    if op == "Div":
+        qs = [_trunc_div(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
+        return Interval(min(qs), max(qs))
+    if attrs.get("fmod", 0):
+        m = min(b.magnitude() - 1, a.magnitude())
+        return Interval(-m if a.lo < 0 else 0, m if a.hi > 0 else 0)
+    if b.lo > 0:
+        return a if 0 <= a.lo and a.hi < b.lo else Interval(0, b.hi - 1)
+    return a if b.hi < a.lo and a.hi <= 0 else Interval(b.lo + 1, 0)
+
+
+def _range(ins: list[Interval | None]) -> Interval | None:
+    if len(ins) < 3 or any(x is None for x in ins[:3]):
+        return None
+    start, limit, delta = ins[0], ins[1], ins[2]
+    if delta.lo > 0:
+        return Interval(start.lo, max(start.hi, limit.hi - 1))
+    if delta.hi < 0:
+        return Interval(min(start.lo, limit.lo + 1), start.hi)
+    return None

@@ -16,6 +16,7 @@ from typing import Iterator, Optional, Union
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingParams, Status, StatusError
+from .drafting.suffix import DEFAULT_SCOPE
 
 __all__ = [
     "TOP_LOGPROBS_MAX", "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
@@ -41,6 +42,10 @@ class Admit:
     logprobs: Optional[int] = None
     """Report each emitted token's logprob and its ``logprobs`` most likely
     alternatives (0..:data:`TOP_LOGPROBS_MAX`); None: no logprobs."""
+    draft_scope: Optional[str] = DEFAULT_SCOPE
+    """Whose earlier requests the lane may draft from, and whose corpus its text
+    joins when released (a tenant: API key and user); ``None``: its own text only,
+    nothing kept. Read by drafters that keep a corpus (suffix); never by the model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +90,9 @@ class Plan:
         params: SamplingParams = SamplingParams(),
         rng_counter_base: int = 0,
         logprobs: Optional[int] = None,
+        draft_scope: Optional[str] = DEFAULT_SCOPE,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs))
+        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope))
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":

@@ -29,7 +29,6 @@ import time
 from typing import Any, AsyncIterator, Iterator, Optional, Protocol
 
 from .abi import Finish
-from .drafting import PromptLookupConfig
 from .engine import TokenLogprobs
 from .executor import Executor, ExecutorConfig, check_prompt
 from .primitives import PrimitivesBase
@@ -71,7 +70,7 @@ class LoopConfig:
     tick_tokens: int = 8
     prefill_chunk: int = 256
     prefill_budget: int = 512
-    draft_config: Optional[PromptLookupConfig] = None
+    draft_config: Any = None
     policy: Optional[DraftPolicy] = None
     executor: ExecutorConfig = ExecutorConfig()
 

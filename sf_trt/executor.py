@@ -1,4 +1,4 @@
-"""The Executor: runs plan ticks on primitives, with exact prompt-lookup speculation.
+"""The Executor: runs plan ticks on primitives, with exact speculation by any drafter.
 
 A tick reads like the design::
 
@@ -66,7 +66,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
-from .drafting import PromptLookupDrafter
+from .drafting import Drafter
 from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
 from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
@@ -75,6 +75,7 @@ __all__ = ["Executor", "ExecutorConfig", "check_prompt"]
 
 _U32 = 2**32
 _I63 = 2**63
+MAX_SCOPE_CHARS = 1024
 _FAULT = object()
 """What :meth:`Executor._call` returns when the primitive raised."""
 
@@ -147,7 +148,7 @@ class _Lane:
     params: SamplingParams
     rng_counter_base: int
     grant: Optional[Grant]
-    drafter: Optional[PromptLookupDrafter]
+    drafter: Optional[Drafter]
     tokens: list[int]
     prefilled_len: int = 0
     finish: Finish = Finish.NONE
@@ -236,6 +237,12 @@ class Executor:
         grant = make_grant(len(self._grants) + 1, kind, self.caps, strategy_id, config_digest, kernel_capability, config)
         self._grants[grant.slot] = grant
         return grant.slot, list(grant.certs)
+
+    def shared_state(self, slot: int) -> Any:
+        """What the lanes of a granted slot share (the suffix drafter's corpus), or None."""
+        if slot not in self._grants:
+            raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, f"shared_state({slot!r}): slot never granted (granted: {sorted(self._grants)})")
+        return self._grants[slot].shared
 
     def register_prompt(self, tokens: Any) -> int:
         """Store a prompt; its id is what ``Plan.admit`` takes."""
@@ -419,6 +426,10 @@ class Executor:
         lp = op.logprobs
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= TOP_LOGPROBS_MAX):
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
+        scope = op.draft_scope
+        if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
+            got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
         if free_after < 0:
             held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
             raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use{held}")
@@ -429,7 +440,7 @@ class Executor:
         prompt = self._prompts[op.prompt]
         grant = self._grants.get(op.strategy_slot) if op.strategy_slot else None
         tokens = prompt.tolist()
-        drafter = PromptLookupDrafter(grant.config, tokens) if grant is not None else None
+        drafter = grant.new_drafter(tokens, op.draft_scope) if grant is not None else None
         slot = self._free_slots.pop()
         self._lanes[int(op.lane)] = _Lane(
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
@@ -519,7 +530,7 @@ class Executor:
         if logits is _FAULT:
             return
         sample = SampleRows(
-            mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_key=ints[:, 3],
+            mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_counter_base=ints[:, 3],
             position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
         )
         verified = self._call("verify_sample", lanes, self.primitives.verify_sample, logits, sample)
@@ -617,6 +628,8 @@ class Executor:
             self._free_slots.append(lane.slot)
         else:
             self._quarantined[lane.slot] = lane.error or "release failed"
+        if lane.drafter is not None:  # last: the executor's books are whole before the corpus grows
+            lane.drafter.retire()  # the suffix drafter's text joins its scope's corpus
 
     # -- for tests and tools ----------------------------------------------------------------------
 
@@ -646,6 +659,9 @@ class Executor:
         for slot in self._free_slots:
             if self.primitives.state_len(slot) != 0:
                 raise AssertionError(f"free slot {slot}: backend state holds {self.primitives.state_len(slot)} positions")
+        for grant in self._grants.values():
+            if grant.shared is not None:
+                grant.shared.check_integrity()
 
     def snapshot(self) -> tuple:
         """A value that changes whenever the executor's observable state does."""
@@ -653,7 +669,8 @@ class Executor:
             (l.lane_id, l.slot, tuple(l.tokens), l.prefilled_len, int(l.finish), self.primitives.state_len(l.slot))
             for l in sorted(self._lanes.values(), key=lambda l: l.lane_id)
         )
+        shared = tuple(getattr(g.shared, "version", None) for g in self._grants.values())
         return (
             lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings),
-            tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)),
+            tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)), shared,
         )

@@ -16,15 +16,14 @@ import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
 from .abi import Finish
-from .drafting import PromptLookupConfig
 from .engine import TokenLogprobs
 from .executor import Executor, ExecutorConfig
 from .primitives import PrimitivesBase
-from .scheduler import DRAFTERS, DraftPolicy, Request, Scheduler, choice_key, run_to_completion
+from .scheduler import DraftPolicy, Request, Scheduler, choice_key, run_to_completion, strategy_id
 
 __all__ = ["Generator", "Request", "Result", "choice_key", "STRATEGY_ID", "DEFAULT_TICK_TOKENS", "DEFAULT_PREFILL_CHUNK"]
 
-STRATEGY_ID = DRAFTERS["prompt-lookup"].strategy_id
+STRATEGY_ID = strategy_id("prompt_lookup")
 DEFAULT_TICK_TOKENS = 16
 """Tokens each decoding lane is asked for per tick."""
 DEFAULT_PREFILL_CHUNK = 256
@@ -69,7 +68,7 @@ class Generator:
         self,
         primitives: PrimitivesBase,
         *,
-        draft_config: Optional[PromptLookupConfig] = None,
+        draft_config: Any = None,  # a drafter kind's config, or a list of them (one per kind)
         tick_tokens: int = DEFAULT_TICK_TOKENS,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefill_budget: Optional[int] = None,
@@ -94,8 +93,9 @@ class Generator:
         sched = self.scheduler
         seqs = []
         try:
+            sched.retry_quarantined()  # a slot a failed release held may be free again
             for i, r in enumerate(requests):
-                seqs.append(sched.add(r, seq_id=i))
+                seqs.append(sched.add(r, seq_id=i, name=f"request {i}"))
 
             def on_update(u) -> None:
                 if u.tokens and on_tokens is not None:

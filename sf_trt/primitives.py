@@ -83,8 +83,8 @@ class SampleRows:
     """Per-logit-row sampling inputs to verify-and-sample, each ``[K]``.
 
     ``mode``: :class:`~sf_trt.abi.Sampling` value; ``temperature``/``top_p``
-    float32; ``top_k`` int64 (0: off); ``rng_key``: the lane's
-    ``rng_counter_base``; ``position``: absolute position of the token being
+    float32; ``top_k`` int64 (0: off); ``rng_counter_base``: the lane's
+    (``Plan.admit``'s); ``position``: absolute position of the token being
     drawn; ``draft``: the draft token proposed at that position, or -1;
     ``min_p`` float32 in [0, 1] (None: 0 on every row, min-p off).
     """
@@ -93,7 +93,7 @@ class SampleRows:
     temperature: np.ndarray
     top_p: np.ndarray
     top_k: np.ndarray
-    rng_key: np.ndarray
+    rng_counter_base: np.ndarray
     position: np.ndarray
     draft: np.ndarray
     min_p: Optional[np.ndarray] = None
@@ -314,8 +314,8 @@ class PrimitivesBase:
             arr = getattr(sample, name)
             if arr.shape != (k,):
                 raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: {name} shape {arr.shape}, expected ({k},)")
-        if k and (sample.rng_key.min() < 0 or sample.position.min() < 0 or sample.position.max() >= 2**31):
-            raise StatusError(Status.BAD_ARGUMENT, "verify_sample: rng_key must be >= 0 and position in 0..2**31-1 (the hash's domain)")
+        if k and (sample.rng_counter_base.min() < 0 or sample.position.min() < 0 or sample.position.max() >= 2**31):
+            raise StatusError(Status.BAD_ARGUMENT, "verify_sample: rng_counter_base must be >= 0 and position in 0..2**31-1 (the hash's domain)")
         if k and (sample.mode.min() < _MODE_MIN or sample.mode.max() > _MODE_MAX):
             raise StatusError(Status.BAD_SAMPLING_MODE, f"verify_sample: unknown sampling mode in {sorted(set(sample.mode.tolist()))}")
         if k and not (np.all(sample.min_p >= 0) and np.all(sample.min_p <= 1)):  # NaN fails both

@@ -28,20 +28,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Callable, Iterable, Optional, Sequence as Seq
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as Seq, Union
 
 import numpy as np
 
 from .abi import Finish, Sampling, SamplingParams, Status, StatusError
-from .drafting import PromptLookupConfig
+from .drafting import DEFAULT_SCOPE
 from .engine import Emit, Events, Plan, TokenLogprobs
-from .executor import Executor
+from .executor import MAX_SCOPE_CHARS, Executor
+from .strategies import KINDS
 
 __all__ = [
-    "Request", "Drafter", "DRAFTERS", "FINISH_ERROR", "choice_key", "Sequence", "Update", "DraftPolicy", "LoadAwareDrafting", "Scheduler",
+    "Request", "strategy_id", "DRAFTERS", "FINISH_ERROR", "choice_key", "Sequence", "Update", "DraftPolicy", "LoadAwareDrafting", "Scheduler",
 ]
 
-FINISH_ERROR = getattr(Finish, "ERROR", Finish.ABORTED)
+FINISH_ERROR = Finish.ERROR
 """How a request that failed ends (``Finish.ERROR`` where the fault-safe executor defines
 it); its ``error`` says why."""
 
@@ -49,22 +51,31 @@ it); its ``error`` says why."""
 # -- requests ----------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Drafter:
-    """A drafter a request can name: the strategy kind it registers and its config for a
-    given ``max_draft`` (``base``: the scheduler's configuration of that kind, or None)."""
-
-    kind: str
-    strategy_id: bytes
-    config: Callable[[Any, int], Any]
+def strategy_id(kind: str) -> bytes:
+    """The 32-byte id a drafter kind is registered under."""
+    return f"sf_trt.{kind}.v1".encode().ljust(32, b"\0")
 
 
-DRAFTERS: dict[str, Drafter] = {
-    "prompt-lookup": Drafter(
-        "prompt_lookup", b"sf_trt.prompt_lookup.v1".ljust(32, b"\0"),
-        lambda base, max_draft: dataclasses.replace(base or PromptLookupConfig(), max_draft=max_draft),
-    ),
-}
+class _Drafters(Mapping):
+    """Drafter names as requests and users spell them (``prompt-lookup``, ``suffix``)
+    to their strategy kind (:data:`sf_trt.strategies.KINDS`), read live, so a kind
+    registered with ``register_drafter_kind`` is a drafter requests can name.
+    ``prompt_lookup`` is read as ``prompt-lookup``."""
+
+    def __getitem__(self, name: str) -> str:
+        kind = name.replace("-", "_") if isinstance(name, str) else None
+        if kind not in KINDS:
+            raise KeyError(name)
+        return kind
+
+    def __iter__(self) -> Iterator[str]:
+        return (kind.replace("_", "-") for kind in KINDS)
+
+    def __len__(self) -> int:
+        return len(KINDS)
+
+
+DRAFTERS: Mapping = _Drafters()
 """Drafters by the name requests use (``Request.drafter``, the server's ``speculate``)."""
 
 DEFAULT_DRAFTER = "prompt-lookup"
@@ -77,7 +88,10 @@ class Request:
     ``params.max_tokens`` bounds the output (0: until EOS or the context).
     ``seed`` is the lane's RNG counter base (see :func:`choice_key` for ``n > 1``).
     ``speculate`` turns drafting on with ``drafter`` (a :data:`DRAFTERS` name) drafting
-    at most ``max_draft`` tokens per pass (0: the drafter's default).
+    at most ``max_draft`` tokens per pass (0: the drafter's own cap).
+    ``draft_scope``: whose finished requests the suffix drafter may draft from and
+    whose corpus this one joins (a tenant; see :mod:`sf_trt.drafting.suffix`); None
+    keeps it private.
     ``stop`` (strings, matched on the decoded text; needs a tokenizer) and
     ``stop_token_ids`` end the output with ``Finish.STOP``; ``logprobs`` asks for each
     token's logprob and that many alternatives (None: none).
@@ -93,6 +107,7 @@ class Request:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: Optional[int] = None
+    draft_scope: Optional[str] = DEFAULT_SCOPE
 
 
 _MASK64 = 2**64 - 1
@@ -373,7 +388,7 @@ class Scheduler:
         tick_tokens: int = 16,
         prefill_chunk: int = 256,
         prefill_budget: Optional[int] = None,
-        draft_config: Optional[PromptLookupConfig] = None,
+        draft_config: Union[Any, Seq[Any], None] = None,
         policy: Optional[DraftPolicy] = None,
         tokenizer: Any = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -386,24 +401,27 @@ class Scheduler:
         self.tick_tokens = tick_tokens
         self.prefill_chunk = prefill_chunk
         self.prefill_budget = prefill_budget
-        self.draft_config = draft_config
+        configs = list(draft_config) if isinstance(draft_config, (list, tuple)) else [] if draft_config is None else [draft_config]
+        self.draft_configs: dict[str, Any] = {}
+        """Each drafter kind's configuration (kinds not named here: their defaults)."""
+        for config in configs:
+            kind = next((name for name, k in KINDS.items() if isinstance(config, k.config_type)), None)
+            if kind is None:
+                raise StatusError(Status.BAD_ARGUMENT, f"Scheduler: draft_config {type(config).__name__} is no drafter kind's config (kinds: {sorted(KINDS)})")
+            self.draft_configs[kind] = config
         self.policy = policy or DraftPolicy()
         self.tokenizer = tokenizer
         self.clock = clock
         self.can_speculate = bool(self.caps.verify_rows and self.caps.truncate_partial)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[int, Sequence] = {}  # by lane id (= seq id), in admission order
-        self._slots: dict[tuple[str, int], int] = {}
+        self._slots: dict[str, int] = {}
 
     # -- requests in and out ---------------------------------------------------------------
 
-    def default_max_draft(self, drafter: str) -> int:
-        base = self.draft_config if DRAFTERS[drafter].kind == "prompt_lookup" else None
-        return getattr(base, "max_draft", None) or PromptLookupConfig().max_draft
-
-    def check(self, request: Request) -> None:
-        """Refuse (StatusError) a request this scheduler cannot run, before it is queued."""
-        name = "request"
+    def check(self, request: Request, name: str = "request") -> None:
+        """Refuse (StatusError) a request this scheduler cannot run, before it is queued;
+        the message starts with ``name``."""
         if request.speculate:
             if not self.can_speculate:
                 raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, f"{name}: this backend cannot speculate (no verify rows or partial rollback)")
@@ -411,6 +429,10 @@ class Scheduler:
                 raise StatusError(Status.BAD_ARGUMENT, f"{name}: unknown drafter {request.drafter!r} (known: {sorted(DRAFTERS)})")
         if isinstance(request.max_draft, bool) or not isinstance(request.max_draft, int) or not 0 <= request.max_draft <= 256:
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: max_draft must be an int in 0..256 (got {request.max_draft!r})")
+        scope = request.draft_scope
+        if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
+            got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
         if request.stop and self.tokenizer is None:
             raise StatusError(Status.UNSUPPORTED, f"{name}: stop strings need a tokenizer (none was given)")
         if any(not isinstance(s, str) or not s for s in request.stop):
@@ -418,13 +440,21 @@ class Scheduler:
         bad = [t for t in request.stop_token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.caps.vocab]
         if bad:
             raise StatusError(Status.TOKEN_OUT_OF_VOCAB, f"{name}: stop token ids {bad} outside 0..{self.caps.vocab - 1}")
+        held = self.executor.quarantined
+        if len(held) >= self.caps.max_lanes:
+            raise StatusError(
+                Status.CAPACITY_EXHAUSTED,
+                f"{name}: no lane slot can take it: all {self.caps.max_lanes} are held ({len(held)} quarantined after a failed release: "
+                f"{'; '.join(held.values())})",
+            )
         why = request.params.check_for(request.sampling, top_k_limit=self.caps.top_k_limit)
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
 
-    def add(self, request: Request, seq_id: int, arrival: Optional[float] = None) -> Sequence:
-        """Queue ``request`` as sequence (and lane) ``seq_id``; refused requests raise StatusError."""
-        self.check(request)
+    def add(self, request: Request, seq_id: int, arrival: Optional[float] = None, name: str = "request") -> Sequence:
+        """Queue ``request`` as sequence (and lane) ``seq_id``; refused requests raise
+        StatusError (its message names the request as ``name``)."""
+        self.check(request, name)
         if seq_id in self.running or any(s.seq_id == seq_id for s in self.waiting):
             raise StatusError(Status.LANE_ALREADY_ADMITTED, f"add: sequence {seq_id} is already queued or running")
         prompt_id = self.executor.register_prompt(list(request.prompt_ids))
@@ -461,18 +491,17 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------------------------
 
+    def slot_of(self, drafter: str) -> int:
+        """The strategy slot of ``drafter`` (a :data:`DRAFTERS` name), registered on
+        first use with this scheduler's configuration of its kind. One slot per kind:
+        the lanes of a kind share what it keeps across requests (the suffix corpus)."""
+        kind = DRAFTERS[drafter]
+        if kind not in self._slots:
+            self._slots[kind], _ = self.executor.register_strategy(kind, strategy_id(kind), bytes(32), 0, self.draft_configs.get(kind))
+        return self._slots[kind]
+
     def _slot(self, request: Request) -> int:
-        if not request.speculate:
-            return 0
-        drafter = DRAFTERS[request.drafter]
-        max_draft = request.max_draft or self.default_max_draft(request.drafter)
-        key = (request.drafter, max_draft)
-        if key not in self._slots:
-            base = self.draft_config if drafter.kind == "prompt_lookup" else None
-            self._slots[key], _ = self.executor.register_strategy(
-                drafter.kind, drafter.strategy_id, bytes(32), 0, drafter.config(base, max_draft)
-            )
-        return self._slots[key]
+        return self.slot_of(request.drafter) if request.speculate else 0
 
     def _drop_prompt(self, seq: Sequence) -> None:
         if seq.prompt_id:
@@ -484,12 +513,12 @@ class Scheduler:
         plan = Plan()
         now = self.clock()
         # Slots the fault-safe executor quarantined after a failed release hold no lane.
-        room = self.caps.max_lanes - len(getattr(self.executor, "quarantined", ()))
+        room = self.caps.max_lanes - len(self.executor.quarantined)
         while self.waiting and len(self.running) < room:
             seq = self.waiting.popleft()
             r = seq.request
             plan.admit(seq.seq_id, seq.prompt_id, strategy_slot=self._slot(r), sampling=r.sampling, params=r.params,
-                       rng_counter_base=r.seed, logprobs=r.logprobs)
+                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope)
             seq.admitted, seq.admitted_at = True, now
             self.running[seq.seq_id] = seq
         budget = self.prefill_budget
@@ -507,6 +536,9 @@ class Scheduler:
         asks = self.policy.plan(decoding, self.tick_tokens)
         for seq in decoding:
             n, max_draft = asks.get(seq.seq_id, (self.tick_tokens, None))
+            cap = seq.request.max_draft  # the request's own cap (0: none) within the policy's
+            if cap and max_draft != 0:
+                max_draft = cap if max_draft is None else min(cap, max_draft)
             seq.may_draft = seq.request.speculate and max_draft != 0
             plan.decode(seq.seq_id, n, max_draft=max_draft)
         return plan
@@ -521,7 +553,7 @@ class Scheduler:
         """
         plan = self.plan()
         if not plan.ops:
-            return []
+            return self._stalled()
         in_plan = list(dict.fromkeys(op.lane for op in plan.ops))
         try:
             events = self.executor.tick(plan)
@@ -532,6 +564,24 @@ class Scheduler:
             if seq.admitted_at is not None:
                 self._drop_prompt(seq)  # the lane holds its own copy once admitted
         return self._apply(events)
+
+    def retry_quarantined(self) -> None:
+        """Release the slots quarantined after a failed release again (an empty tick does)."""
+        if self.executor.quarantined:
+            self.executor.tick(Plan())
+
+    def _stalled(self) -> list[Update]:
+        """Nothing could be planned: when sequences wait while every lane slot is
+        quarantined, retry the releases; if every slot stays quarantined, the waiting
+        sequences end with why (they would wait for ever)."""
+        if not self.waiting or self.running or not self.executor.quarantined:
+            return []
+        self.retry_quarantined()
+        held = self.executor.quarantined
+        if len(held) < self.caps.max_lanes:
+            return []
+        why = f"scheduler: every lane slot is quarantined after a failed release ({'; '.join(held.values())})"
+        return [u for u in (self.abort(s.seq_id, why) for s in list(self.waiting)) if u is not None]
 
     def _apply(self, events: Events) -> list[Update]:
         now = self.clock()

@@ -3,15 +3,24 @@
 A strategy is registered once per executor; registration checks the backend's
 capabilities and grants a *slot* (never 0: slot 0 means "no strategy") with the
 certificates that say how exact the strategy is. Lanes name the slot at admission.
+
+Every strategy kind is a *drafter* (:class:`~sf_trt.drafting.Drafter`) whose
+drafts the executor verifies row by row, so every kind needs the same two
+capabilities (logit rows at every position, rollback to any prefix) and earns the
+same certificate: ``DISTRIBUTION_EXACT`` under greedy and Gumbel sampling. That
+promise comes from verification, not from the drafter, so
+:func:`register_drafter_kind` grants it to every kind the same way; a kind only
+says how its config is typed and how a lane's drafter (and any state its lanes
+share, such as the suffix corpus) is made.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .abi import CertMode, Exactness, Sampling, Status, StatusError
-from .drafting import PromptLookupConfig
+from .drafting import Drafter, PromptLookupConfig, PromptLookupDrafter, SuffixConfig, SuffixCorpus, SuffixDrafter
 from .primitives import Capabilities
 
 ID_BYTES = 32
@@ -30,30 +39,60 @@ class Certificate:
         return bool(self.sampling_modes & needed)
 
 
+MakeDrafter = Callable[[Any, Any, list[int], Optional[str]], Drafter]
+"""``(config, shared, tokens, scope) -> Drafter``: a lane's drafter over its prompt."""
+
+
 @dataclasses.dataclass(frozen=True)
 class StrategyKind:
-    """A kind of strategy: what it requires of the backend and how its config is made."""
+    """A kind of strategy: what it requires of the backend, what it certifies, and
+    how its lanes' drafters are made."""
 
     name: str
     needs_verify_rows: bool
     needs_truncate_partial: bool
     exactness: Exactness
     sampling_modes: CertMode
-    default_config: Callable[[], Any]
     config_type: type
+    make_drafter: MakeDrafter
+    make_shared: Callable[[Any], Any]
+    """``config -> state`` shared by the lanes of one grant (None: nothing shared)."""
+
+    def default_config(self) -> Any:
+        return self.config_type()
 
 
-KINDS: dict[str, StrategyKind] = {
-    "prompt_lookup": StrategyKind(
-        name="prompt_lookup",
-        needs_verify_rows=True,
-        needs_truncate_partial=True,
-        exactness=Exactness.DISTRIBUTION_EXACT,
-        sampling_modes=CertMode.GREEDY | CertMode.GUMBEL,
-        default_config=PromptLookupConfig,
-        config_type=PromptLookupConfig,
-    ),
-}
+KINDS: dict[str, StrategyKind] = {}
+
+
+def register_drafter_kind(
+    name: str,
+    config_type: type,
+    make_drafter: MakeDrafter,
+    make_shared: Callable[[Any], Any] = lambda config: None,
+) -> StrategyKind:
+    """Add a drafter kind; the executor verifies its drafts, so it is certified
+    DISTRIBUTION_EXACT for GREEDY | GUMBEL like every other."""
+    if name in KINDS:
+        raise StatusError(Status.REGISTRATION_REFUSED, f"register_drafter_kind({name!r}): the name is taken (kinds: {sorted(KINDS)})")
+    kind = StrategyKind(
+        name=name, needs_verify_rows=True, needs_truncate_partial=True,
+        exactness=Exactness.DISTRIBUTION_EXACT, sampling_modes=CertMode.GREEDY | CertMode.GUMBEL,
+        config_type=config_type, make_drafter=make_drafter, make_shared=make_shared,
+    )
+    KINDS[name] = kind
+    return kind
+
+
+register_drafter_kind(
+    "prompt_lookup", PromptLookupConfig,
+    lambda config, shared, tokens, scope: PromptLookupDrafter(config, tokens),
+)
+register_drafter_kind(
+    "suffix", SuffixConfig,
+    lambda config, corpus, tokens, scope: SuffixDrafter(config, tokens, corpus, scope),
+    make_shared=SuffixCorpus,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +106,15 @@ class Grant:
     kernel_capability: int
     config: Any
     certs: tuple[Certificate, ...]
+    shared: Any = None
+    """State the grant's lanes share (the suffix corpus), made by the kind."""
 
     def covers(self, mode: Sampling) -> bool:
         return any(c.covers(mode) for c in self.certs)
+
+    def new_drafter(self, tokens: list[int], scope: Optional[str]) -> Drafter:
+        """A drafter for a lane admitted with this grant, over its prompt ``tokens``."""
+        return self.kind.make_drafter(self.config, self.shared, tokens, scope)
 
 
 def make_grant(
@@ -109,4 +154,4 @@ def make_grant(
     elif not isinstance(config, kind.config_type):
         raise refuse(f"config must be a {kind.config_type.__name__} (got {type(config).__name__})")
     cert = Certificate(bytes(strategy_id), kind.exactness, kind.sampling_modes)
-    return Grant(slot, kind, bytes(strategy_id), bytes(config_digest), kernel_capability, config, (cert,))
+    return Grant(slot, kind, bytes(strategy_id), bytes(config_digest), kernel_capability, config, (cert,), kind.make_shared(config))

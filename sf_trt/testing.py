@@ -13,7 +13,7 @@ from .drafting import PromptLookupConfig
 from .engine import Events, Plan, TokenRef
 from .strategies import Certificate
 
-__all__ = ["Harness", "register_prompt_lookup_with"]
+__all__ = ["Harness", "register_prompt_lookup_with", "register_drafter_with"]
 
 
 class Harness:
@@ -69,4 +69,16 @@ def register_prompt_lookup_with(
     Raises :class:`StatusError` with ``REGISTRATION_REFUSED`` when the backend
     cannot verify rows, cannot roll back to a prefix, or lacks the capability.
     """
-    return h.engine.register_strategy("prompt_lookup", bytes(strategy_id), bytes(config_digest), kernel_capability, config)
+    return register_drafter_with(h, "prompt_lookup", strategy_id, config_digest, kernel_capability, config)
+
+
+def register_drafter_with(
+    h: Harness,
+    kind: str,
+    strategy_id: bytes,
+    config_digest: bytes,
+    kernel_capability: int,
+    config: Any = None,
+) -> tuple[int, list[Certificate]]:
+    """Register a drafter kind (``"prompt_lookup"``, ``"suffix"``) on the harness's engine: ``(slot, certs)``."""
+    return h.engine.register_strategy(kind, bytes(strategy_id), bytes(config_digest), kernel_capability, config)

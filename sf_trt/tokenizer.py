@@ -536,3 +536,7 @@ class ByteTokenizer:
         _check_messages(messages)
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
         return text + ("assistant:" if add_generation_prompt else "")
+
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True, **extra: Any) -> list[int]:
+        """Ids of the chat text (bytes have no control tokens to forge)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from sf_trt.abi import Finish, Sampling, SamplingParams
-from sf_trt.drafting import PromptLookupConfig
+from sf_trt.drafting import DEFAULT_SCOPE, SuffixConfig
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.primitives import PrimitivesBase
-from sf_trt.testing import Harness, register_prompt_lookup_with
+from sf_trt.testing import Harness, register_drafter_with
 
 ID = bytes([1]) * 32
 DIGEST = bytes([2]) * 32
@@ -20,12 +20,14 @@ class LaneSpec:
     prompt: tuple[int, ...]
     mode: Sampling = Sampling.GPU_GREEDY
     params: SamplingParams = SamplingParams()
-    speculate: bool = False
+    speculate: Union[bool, str] = False
+    """A drafter kind, or True for the run's default kind."""
     seed: int = 0
     admit_tick: int = 0
     prefill_chunk: int = 1 << 30
     budgets: tuple[int, ...] = (16,)
     """Tokens asked for in each decode tick, in order."""
+    scope: Optional[str] = DEFAULT_SCOPE
 
 
 @dataclasses.dataclass
@@ -34,14 +36,20 @@ class LaneRun:
     finish: Finish
     proposed: int = 0
     accepted: int = 0
+    passes: int = 0
     error: Optional[str] = None
+
+
+def kind_of(config: Any) -> str:
+    return "suffix" if isinstance(config, SuffixConfig) else "prompt_lookup"
 
 
 def run_lanes(
     make_primitives: Callable[[], PrimitivesBase],
     specs: list[LaneSpec],
-    draft_config: PromptLookupConfig | None = None,
+    draft_config: Any = None,
     *,
+    harness: Optional[Harness] = None,
     executor_config: ExecutorConfig = ExecutorConfig(),
     before_tick: Optional[Callable[[int, Harness], None]] = None,
 ) -> list[LaneRun]:
@@ -53,11 +61,16 @@ def run_lanes(
     included). After every tick the harness checks the invariants, and every live
     lane's tokens must all have been delivered in its emits.
     ``before_tick(tick, harness)`` is called before each tick that runs a plan.
+    ``draft_config`` picks the default drafter kind (prompt lookup when None);
+    ``harness``: run on an existing one (its suffix corpora carry over).
     """
-    h = Harness.with_engine(Executor(make_primitives(), executor_config))
-    slot = 0
-    if any(s.speculate for s in specs):
-        slot, _ = register_prompt_lookup_with(h, ID, DIGEST, 0, draft_config)
+    h = harness or Harness.with_engine(Executor(make_primitives(), executor_config))
+    default = kind_of(draft_config)
+    slots = {False: 0}
+    for s in specs:
+        kind = default if s.speculate is True else s.speculate
+        if kind and kind not in slots:
+            slots[kind], _ = register_drafter_with(h, kind, ID, DIGEST, 0, draft_config if kind == default else None)
     prompts = [h.prompt(list(s.prompt)) for s in specs]
     runs = [LaneRun([], Finish.NONE) for _ in specs]
     prefilled = [0] * len(specs)
@@ -71,7 +84,9 @@ def run_lanes(
             if done[i] or tick < s.admit_tick:
                 continue
             if tick == s.admit_tick:
-                plan.admit(i, prompts[i], strategy_slot=slot if s.speculate else 0, sampling=s.mode, params=s.params, rng_counter_base=s.seed)
+                kind = default if s.speculate is True else s.speculate
+                plan.admit(i, prompts[i], strategy_slot=slots[kind], sampling=s.mode, params=s.params, rng_counter_base=s.seed,
+                           draft_scope=s.scope)
             if prefilled[i] < len(s.prompt):
                 n = min(s.prefill_chunk, len(s.prompt) - prefilled[i])
                 plan.prefill(i, prefilled[i], n)
@@ -91,6 +106,7 @@ def run_lanes(
                 runs[i].finish = e.finish
                 runs[i].proposed += e.spec.proposed
                 runs[i].accepted += e.spec.accepted
+                runs[i].passes += e.passes
                 runs[i].error = e.error or runs[i].error
                 if e.finish == Finish.NONE:
                     assert h.engine.lane_tokens(i)[len(specs[i].prompt):] == runs[i].tokens, f"lane {i}: a token drawn was not delivered"

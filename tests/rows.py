@@ -31,3 +31,23 @@ def concat(*parts: Rows) -> Rows:
 def close_to_reference(got: np.ndarray, ref: np.ndarray) -> None:
     # fp32 graph vs float64 numpy: a few ulps of the largest logit
     np.testing.assert_allclose(got, ref, rtol=0, atol=3e-6 * float(np.abs(ref).max()))
+
+
+def random_sample_feeds(rng: np.random.Generator, top_k_limit: int, rows: int, vocab: int, *, ties: bool = False, gumbel_share: float = 0.7):
+    """Logits and every SampleRows field for ``rows`` random rows (many modes, filters,
+    keys and drafts at once); ``ties``: small integer logits, exact ties everywhere."""
+    if ties:  # small integers: exact ties everywhere
+        logits = rng.integers(-3, 3, (rows, vocab)).astype(np.float32)
+    else:
+        logits = (rng.normal(0, rng.uniform(0.5, 4), (rows, vocab))).astype(np.float32)
+    return {
+        "logits": logits,
+        "mode": (rng.random(rows) < gumbel_share).astype(np.int64),
+        "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
+        "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
+        "top_k": rng.choice([0, 0, 1, 2, 3, 7, top_k_limit, 1000], rows).astype(np.int64),
+        "rng_counter_base": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
+        "position": rng.integers(0, 2**31, rows, dtype=np.int64),
+        "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
+        "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
+    }

@@ -1,13 +1,22 @@
-"""Prompt-lookup drafting: the latest earlier match of the longest suffix, incrementally."""
+"""Drafters: the protocol every kind follows, the kind registry, and prompt lookup
+(the latest earlier match of the longest suffix, incrementally)."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sf_trt.abi import Status, StatusError
-from sf_trt.drafting import PromptLookupConfig, PromptLookupDrafter
+from sf_trt.abi import CertMode, Exactness, Sampling, SamplingParams, Status, StatusError
+from sf_trt.drafting import Drafter, PromptLookupConfig, PromptLookupDrafter, SuffixConfig, SuffixDrafter
+from sf_trt.executor import Executor
+from sf_trt.fake import FakeConfig, FakePrimitives
+from sf_trt.strategies import KINDS, register_drafter_kind
+from sf_trt.testing import Harness, register_drafter_with
+
+from lanes import LaneSpec, plain_alone, run_lanes
 
 
 def rescan(history: list[int], cfg: PromptLookupConfig, k: int) -> list[int]:
@@ -58,3 +67,57 @@ def test_bad_configs_are_refused(kwargs):
         PromptLookupConfig(**kwargs)
     assert err.value.status == Status.REGISTRATION_REFUSED
     assert "PromptLookupConfig" in str(err.value)
+
+
+# -- the protocol and the kind registry ------------------------------------------------------------
+
+
+def test_every_drafter_follows_the_protocol():
+    for d in (PromptLookupDrafter(PromptLookupConfig(), [1, 2, 1]), SuffixDrafter(SuffixConfig(), [1, 2, 1])):
+        assert isinstance(d, Drafter)
+        assert d.history_len == 3 and d.draft_cap >= 1
+        d.extend([2])
+        assert d.history_len == 4
+        d.observe(len(d.propose(4)), 0)
+        d.retire()
+
+
+class Stubborn:
+    """A drafter kind that proposes nonsense: the last token, over and over."""
+
+    def __init__(self, tokens):
+        self.tokens = list(tokens)
+        self.draft_cap = 5
+        self.retired = False
+
+    @property
+    def history_len(self):
+        return len(self.tokens)
+
+    def extend(self, tokens):
+        self.tokens.extend(tokens)
+
+    def propose(self, max_len):
+        return [self.tokens[-1]] * max_len
+
+    def observe(self, proposed, accepted):
+        pass
+
+    def retire(self):
+        self.retired = True
+
+
+def test_a_registered_kind_is_built_by_the_executor_and_certified_exact_like_every_other(monkeypatch):
+    made = []
+    monkeypatch.setattr("sf_trt.strategies.KINDS", dict(KINDS))
+    register_drafter_kind("stubborn", PromptLookupConfig, lambda cfg, shared, tokens, scope: made.append(Stubborn(tokens)) or made[-1])
+    make = functools.partial(FakePrimitives, FakeConfig(vocab=24, eos=23, copy_model=True, copy_miss_every=3, verify_rows=True))
+    h = Harness.with_engine(Executor(make()))
+    _, certs = register_drafter_with(h, "stubborn", bytes(32), bytes(32), 0)
+    assert [(c.exactness, c.sampling_modes) for c in certs] == [(Exactness.DISTRIBUTION_EXACT, CertMode.GREEDY | CertMode.GUMBEL)]
+    for mode, params in ((Sampling.GPU_GREEDY, SamplingParams(max_tokens=30)), (Sampling.GPU_GUMBEL, SamplingParams(temperature=0.8, top_p=0.95, max_tokens=30))):
+        spec = LaneSpec(prompt=(1, 2, 3, 3, 3), mode=mode, params=params, speculate="stubborn", seed=9, budgets=(7, 7, 20))
+        (run,) = run_lanes(make, [spec], harness=h)
+        alone = plain_alone(make, spec)
+        assert (run.tokens, run.finish) == (alone.tokens, alone.finish)
+        assert run.proposed > 0 and made[-1].retired

@@ -159,12 +159,11 @@ def test_a_failed_tick_ends_its_requests_with_an_error_and_the_loop_goes_on():
         assert bad.finish == FINISH_ERROR and "injected fault" in bad.error
         tokens, _, ok = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
         assert ok.finish == Finish.LENGTH and len(tokens) == 8
-        # a backend that cannot even release: every request ends with the error, the loop stops serving
+        # a backend that cannot even release: the request ends with the error and its slot is
+        # quarantined (docs/errors.md); once the backend recovers, the slot is freed and the loop serves on
         prims.broken = True
         _, _, dead = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
         assert dead.finish == FINISH_ERROR and "injected fault" in dead.error
-        deadline = time.monotonic() + 5
-        while loop.serving and time.monotonic() < deadline:
-            time.sleep(0.01)
-        with pytest.raises(NotServing, match="the engine failed"):
-            loop.submit(Request([1, 2, 3]))
+        prims.broken = False
+        again, _, fine = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
+        assert fine.finish == Finish.LENGTH and again == tokens and loop.serving

@@ -2,8 +2,9 @@
 
 Every property compares a speculating run with a plain one, token for token and
 finish code for finish code, over random prompts, parameters, budgets, miss
-patterns and mixes of lanes. The harness checks the executor's invariants after
-every tick.
+patterns, mixes of lanes and every drafter kind (prompt lookup; suffix, with
+corpora shared across plans and scopes). The harness checks the executor's
+invariants, the corpus bounds among them, after every tick.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from lanes import DIGEST, ID, LaneSpec, plain_alone, run_lanes
 
 from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams
-from sf_trt.drafting import PromptLookupConfig
+from sf_trt.drafting import PromptLookupConfig, SuffixConfig
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.testing import Harness, register_prompt_lookup_with
@@ -70,13 +71,26 @@ def lane_specs(draw, prompt_strategy=prompts):
     )
 
 
-draft_configs = st.builds(
+prompt_lookup_configs = st.builds(
     PromptLookupConfig,
     ngram_max=st.integers(1, 4),
     ngram_min=st.just(1),
     max_draft=st.integers(1, 10),
     adaptive=st.booleans(),
 )
+suffix_configs = st.builds(
+    SuffixConfig,
+    max_draft=st.integers(1, 10),
+    max_match=st.integers(1, 8),
+    match_factor=st.sampled_from([0.5, 1.0, 2.0, 8.0]),
+    min_prob=st.sampled_from([0.0, 0.1, 0.5]),
+    adaptive=st.booleans(),
+    corpus_tokens=st.sampled_from([0, 16, 64, 4096]),
+    corpus_requests=st.sampled_from([1, 3, 100]),
+    corpus_generations=st.integers(1, 4),
+    corpus_scopes=st.integers(1, 3),
+)
+draft_configs = st.one_of(prompt_lookup_configs, suffix_configs)
 
 
 @SETTINGS
@@ -102,7 +116,8 @@ def test_eos_inside_drafts_ends_the_lane_exactly_where_plain_does(spec, cfg):
 
 
 @SETTINGS
-@given(specs=st.lists(lane_specs(), min_size=2, max_size=6), spec_mask=st.lists(st.booleans(), min_size=6, max_size=6),
+@given(specs=st.lists(lane_specs(), min_size=2, max_size=6),
+       spec_mask=st.lists(st.sampled_from([False, "prompt_lookup", "suffix"]), min_size=6, max_size=6),
        miss_every=st.sampled_from([0, 3]))
 def test_many_lanes_sharing_ticks_each_emit_what_they_emit_alone(specs, spec_mask, miss_every):
     make = fake(miss_every)
@@ -113,6 +128,38 @@ def test_many_lanes_sharing_ticks_each_emit_what_they_emit_alone(specs, spec_mas
         assert (run.tokens, run.finish) == (alone.tokens, alone.finish)
         if not s.speculate:
             assert run.proposed == run.accepted == 0
+
+
+scopes = st.sampled_from(["", "", "tenant-a", "tenant-b", None])
+
+
+@SETTINGS
+@given(batches=st.lists(st.lists(lane_specs(), min_size=1, max_size=5), min_size=2, max_size=4),
+       lane_scopes=st.lists(scopes, min_size=20, max_size=20), cfg=suffix_configs, miss_every=st.sampled_from([0, 0, 3]))
+def test_lanes_drafting_from_shared_corpora_across_plans_emit_what_they_emit_alone(batches, lane_scopes, cfg, miss_every):
+    """One executor runs plan after plan; finished lanes feed their scope's corpus,
+    later lanes draft from it; each lane still emits what it emits alone, plain."""
+    make = fake(miss_every)
+    h = Harness.with_engine(Executor(make(), ExecutorConfig()))
+    scope_of = iter(lane_scopes)
+    for batch in batches:
+        batch = [dataclasses.replace(s, speculate=True, scope=next(scope_of)) for s in batch]
+        for s, run in zip(batch, run_lanes(make, batch, cfg, harness=h)):
+            alone = plain_alone(make, s)
+            assert (run.tokens, run.finish) == (alone.tokens, alone.finish)
+            assert 0 <= run.accepted <= run.proposed
+
+
+@SETTINGS
+@given(batches=st.lists(st.lists(lane_specs(eos_prompts), min_size=1, max_size=4), min_size=2, max_size=3), cfg=suffix_configs)
+def test_eos_inside_drafts_from_the_corpus_ends_lanes_where_plain_does(batches, cfg):
+    """Earlier outputs end in EOS, so corpus drafts carry EOS mid-draft."""
+    h = Harness.with_engine(Executor(fake()(), ExecutorConfig()))
+    for batch in batches:
+        batch = [dataclasses.replace(s, speculate=True, params=dataclasses.replace(s.params, flags=SamplingFlag(0))) for s in batch]
+        for s, run in zip(batch, run_lanes(fake(), batch, cfg, harness=h)):
+            alone = plain_alone(fake(), s)
+            assert (run.tokens, run.finish) == (alone.tokens, alone.finish)
 
 
 @SETTINGS
@@ -231,3 +278,37 @@ def test_adaptive_drafting_shrinks_drafts_after_rejections():
     fixed = PromptLookupDrafter(PromptLookupConfig(max_draft=8, adaptive=False))
     fixed.observe(8, 0)
     assert fixed.draft_cap == 8
+
+
+@SETTINGS
+@given(a_first=st.lists(lane_specs(), min_size=1, max_size=3), a_then=st.lists(lane_specs(), min_size=1, max_size=3),
+       cfg=suffix_configs)
+def test_what_ran_in_scope_b_changes_nothing_a_lane_in_scope_a_does(a_first, a_then, cfg):
+    """Scope b runs the very requests scope a runs next: if a could draft from b's
+    text it would take other drafts and other passes. It emits exactly the same."""
+    cfg = dataclasses.replace(cfg, corpus_scopes=2)
+    in_scope = lambda specs, scope: [dataclasses.replace(s, speculate=True, scope=scope) for s in specs]  # noqa: E731
+    runs = []
+    for b_runs_first in (False, True):
+        h = Harness.with_engine(Executor(fake()(), ExecutorConfig()))
+        run_lanes(fake(), in_scope(a_first, "a"), cfg, harness=h)
+        if b_runs_first:
+            run_lanes(fake(), in_scope(a_then, "b"), cfg, harness=h)
+        runs.append(run_lanes(fake(), in_scope(a_then, "a"), cfg, harness=h))
+    assert runs[0] == runs[1], "tokens, finish, drafts proposed and accepted, passes: all the same"
+
+
+def test_a_repeated_request_drafts_from_its_scopes_corpus():
+    cfg = FakeConfig(vocab=512, eos=511, copy_model=True, verify_rows=True, max_lanes=4, max_context=256)
+    make = functools.partial(FakePrimitives, cfg)
+    spec = LaneSpec(prompt=tuple(range(40, 70)), params=SamplingParams(flags=SamplingFlag.IGNORE_EOS), budgets=(80,), speculate=True)
+    h = Harness.with_engine(Executor(make(), ExecutorConfig()))
+    suffix = SuffixConfig()
+    (first,) = run_lanes(make, [spec], suffix, harness=h)
+    (again,) = run_lanes(make, [spec], suffix, harness=h)
+    (elsewhere,) = run_lanes(make, [dataclasses.replace(spec, scope="other")], suffix, harness=h)
+    (lookup,) = run_lanes(make, [spec], PromptLookupConfig())
+    assert first.tokens == again.tokens == elsewhere.tokens == lookup.tokens
+    assert again.accepted >= 70 and again.passes <= 8, f"the whole output was drafted from the corpus ({again})"
+    assert (elsewhere.accepted, elsewhere.passes) == (first.accepted, first.passes), "another scope drafts as the first request did"
+    assert again.passes < lookup.passes

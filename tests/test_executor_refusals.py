@@ -13,12 +13,13 @@ import math
 import pytest
 from lanes import DIGEST, ID
 
-from sf_trt.abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
-from sf_trt.drafting import PromptLookupConfig
+from sf_trt.abi import CertMode, Exactness, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from sf_trt.drafting import PromptLookupConfig, SuffixConfig
 from sf_trt.engine import TokenRef
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
-from sf_trt.testing import Harness, register_prompt_lookup_with
+from sf_trt.strategies import KINDS, register_drafter_kind
+from sf_trt.testing import Harness, register_drafter_with, register_prompt_lookup_with
 
 CFG = FakeConfig(vocab=64, eos=63, copy_model=True, verify_rows=True, max_lanes=3, max_context=32, top_k_limit=16)
 
@@ -51,6 +52,8 @@ CASES = {
     "decode twice": (lambda h, p, s: h.plan().decode(BYSTANDER, 1).decode(BYSTANDER, 1), Status.DUPLICATE_OP, "decode(lane=7"),
     "op after release": (lambda h, p, s: h.plan().release(BYSTANDER).decode(BYSTANDER, 1), Status.DUPLICATE_OP, "decode(lane=7)"),
     "ungranted slot": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=9), Status.REJECT_ILLEGAL_COMBINATION, "admit(lane=1)"),
+    "draft scope not a str": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=s, draft_scope=5), Status.BAD_ARGUMENT, "admit(lane=1): draft_scope"),
+    "draft scope too long": (lambda h, p, s: h.plan().admit(1, p, draft_scope="k" * 1025), Status.BAD_ARGUMENT, "1025 characters"),
     "gumbel at temperature 0": (
         lambda h, p, s: h.plan().admit(1, p, sampling=Sampling.GPU_GUMBEL, params=SamplingParams(temperature=0.0)),
         Status.BAD_SAMPLING_PARAMS, "admit(lane=1)",
@@ -141,6 +144,16 @@ OTHERS = {
     "strategy config of the wrong type": lambda: setup()[0].engine.register_strategy("prompt_lookup", ID, DIGEST, 0, {"max_draft": 4}),
     "draft n-gram sizes out of order": lambda: PromptLookupConfig(ngram_min=3, ngram_max=2),
     "draft length 0": lambda: PromptLookupConfig(max_draft=0),
+    "suffix drafting without partial rollback": lambda: register_drafter_with(
+        Harness.with_engine(Executor(FakePrimitives(dataclasses.replace(CFG, truncate_partial=False)))), "suffix", ID, DIGEST, 0
+    ),
+    "strategy config of another kind": lambda: register_drafter_with(setup()[0], "suffix", ID, DIGEST, 0, PromptLookupConfig()),
+    "suffix match window 0": lambda: SuffixConfig(max_match=0),
+    "suffix minimum match past the window": lambda: SuffixConfig(max_match=8, min_match=9),
+    "suffix minimum odds above 1": lambda: SuffixConfig(min_prob=1.5),
+    "suffix corpus of no generations": lambda: SuffixConfig(corpus_generations=0),
+    "drafter kind name taken": lambda: register_drafter_kind("suffix", SuffixConfig, lambda *a: None),
+    "shared state of an ungranted slot": lambda: setup()[0].engine.shared_state(9),
     "ring capacity 0": lambda: ExecutorConfig(ring_capacity=0),
     "ring capacity a float": lambda: ExecutorConfig(ring_capacity=64.0),
     "prefill rows 0": lambda: ExecutorConfig(max_prefill_rows=0),
@@ -172,3 +185,11 @@ REFUSALS = {
     **OTHERS,
 }
 """Every refusal above as a call that raises it, by the name docs/errors.md gives it."""
+
+
+def test_every_drafter_kind_is_certified_exact_the_same_way():
+    h, _, _ = setup()
+    for kind in KINDS:
+        slot, certs = register_drafter_with(h, kind, ID, DIGEST, 0)
+        assert slot != 0
+        assert [(c.exactness, c.sampling_modes) for c in certs] == [(Exactness.DISTRIBUTION_EXACT, CertMode.GREEDY | CertMode.GUMBEL)]

@@ -45,6 +45,24 @@ def test_a_bad_request_is_refused_before_any_runs_and_leaves_nothing_behind():
     assert len(gen.run([Request([1, 2, 3], params=SamplingParams(max_tokens=4))])[0].tokens) == 4
 
 
+def test_each_request_chooses_its_drafter_and_scope_and_emits_what_it_emits_alone():
+    gen = Generator(FakePrimitives(CFG), tick_tokens=5, prefill_chunk=4)
+    drafters = ["suffix", "suffix", "prompt-lookup", None, None, "suffix", "suffix"]  # None: no speculation
+    scopes = ["", "t1", "t1", "t2", None, None, "t2"]
+    reqs = [dataclasses.replace(r, speculate=d is not None, drafter=d or "prompt-lookup", draft_scope=s)
+            for r, d, s in zip(requests(), drafters, scopes)]
+    for _ in range(2):  # the second round drafts from the first round's corpus
+        together = gen.run(reqs)
+        for req, res in zip(reqs, together):
+            (alone,) = Generator(FakePrimitives(CFG)).run([dataclasses.replace(req, speculate=False)])
+            assert (res.tokens, res.finish) == (alone.tokens, alone.finish)
+            if not req.speculate:
+                assert res.proposed == 0
+    corpus = gen.executor.shared_state(gen.scheduler.slot_of("suffix"))
+    assert corpus.stats("")[1] == 2 and corpus.stats("t1")[1] == 2 and corpus.stats("t2")[1] == 2, "suffix lanes only, private ones not"
+    gen.executor.check_integrity()
+
+
 # -- refusals and faults -----------------------------------------------------------------
 
 
@@ -62,7 +80,7 @@ def test_the_refusal_that_happened_surfaces_and_nothing_runs():
     with pytest.raises(StatusError) as err:
         gen.run(requests() + [bad], lambda i, new: streamed.append(i))
     assert err.value.status == Status.BAD_SAMPLING_PARAMS
-    assert str(err.value) == "admit(lane=7): top_k 41 exceeds the sampler's limit 40"
+    assert str(err.value) == "request 7: top_k 41 exceeds the sampler's limit 40"
     assert streamed == [] and gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()
     assert gen.run([Request([1, 2, 3], params=SamplingParams(max_tokens=4))])[0].finish == Finish.LENGTH
 
@@ -112,7 +130,7 @@ def test_when_every_slot_stays_quarantined_the_waiting_requests_end_with_the_rea
     first, second = gen.run(requests()[:2])
     assert first.tokens == alone(requests()[0]).tokens and first.error.startswith("release (lane 0)")
     assert second.finish == Finish.ERROR and second.tokens == []
-    assert second.error.startswith("generate: every lane slot is quarantined after a failed release (release (lane 0)")
+    assert second.error.startswith("scheduler: every lane slot is quarantined after a failed release (release (lane 0)")
     with pytest.raises(StatusError) as err:  # a later run is refused up front, saying why
         gen.run(requests()[:1])
     assert err.value.status == Status.CAPACITY_EXHAUSTED and "1 quarantined" in str(err.value)
@@ -120,7 +138,7 @@ def test_when_every_slot_stays_quarantined_the_waiting_requests_end_with_the_rea
 
 @pytest.mark.parametrize("tick_tokens", [0, 2.5, True])
 def test_generator_settings_are_checked(tick_tokens):
-    with pytest.raises(StatusError, match="Generator: tick_tokens must be an int >= 1"):
+    with pytest.raises(StatusError, match="Scheduler: tick_tokens must be an int >= 1"):
         Generator(FakePrimitives(CFG), tick_tokens=tick_tokens)
 
 
@@ -130,6 +148,9 @@ def run_one(cfg: FakeConfig = CFG, **request) -> list:
 
 REFUSALS = {
     "generator tick tokens 0": lambda: Generator(FakePrimitives(CFG), tick_tokens=0),
+    "generator draft config of no kind": lambda: Generator(FakePrimitives(CFG), draft_config={"max_draft": 4}),
+    "generator request drafter unknown": lambda: run_one(drafter="eagle"),
+    "generator request drafter not a name": lambda: run_one(drafter=3),
     "generator speculation the backend cannot verify": lambda: run_one(FakeConfig(copy_model=True)),
     "generator request top_k past the limit": lambda: run_one(sampling=Sampling.GPU_GUMBEL, params=SamplingParams(top_k=41)),
 }
@@ -140,3 +161,11 @@ REFUSALS = {
 def test_generator_refusals_raise_a_status_error_and_run_nothing(case):
     with pytest.raises(StatusError):
         REFUSALS[case]()
+
+
+def test_an_unknown_drafter_is_refused_before_any_request_runs():
+    gen = Generator(FakePrimitives(CFG))
+    with pytest.raises(StatusError) as err:
+        gen.run([Request([1, 2, 3]), Request([1, 2, 3], drafter="eagle")])
+    assert err.value.status == Status.BAD_ARGUMENT and str(err.value).startswith("request 1: unknown drafter 'eagle'")
+    assert gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()

@@ -25,7 +25,7 @@ SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
 
 def sample_rows(**one_row) -> SampleRows:
     """One row of sampling inputs: greedy, no draft, fields overridden by ``one_row``."""
-    row = {**dict(mode=0, temperature=1.0, top_p=1.0, top_k=0, rng_key=0, position=1, draft=-1), **one_row}
+    row = {**dict(mode=0, temperature=1.0, top_p=1.0, top_k=0, rng_counter_base=0, position=1, draft=-1), **one_row}
     return SampleRows(**{k: np.asarray([v], np.float32 if k in ("temperature", "top_p") else np.int64) for k, v in row.items()})
 
 
@@ -41,7 +41,7 @@ SEAM = {
     ),
     "truncate past the state": (lambda f: f.truncate(0, 3), Status.BAD_ARGUMENT, "outside 0..0"),
     "verify_sample rng key negative": (
-        lambda f: f.verify_sample(np.zeros((1, 64), np.float32), sample_rows(rng_key=-1)), Status.BAD_ARGUMENT, "rng_key",
+        lambda f: f.verify_sample(np.zeros((1, 64), np.float32), sample_rows(rng_counter_base=-1)), Status.BAD_ARGUMENT, "rng_counter_base",
     ),
     "verify_sample unknown mode": (
         lambda f: f.verify_sample(np.zeros((1, 64), np.float32), sample_rows(mode=7)), Status.BAD_SAMPLING_MODE, "unknown sampling mode",

@@ -27,7 +27,7 @@ def greedy(prims, lane: int, prompt: list[int], max_new: int) -> list[int]:
     for _ in range(max_new):
         sample = SampleRows(
             mode=np.zeros(1, np.int64), temperature=np.ones(1, np.float32), top_p=np.ones(1, np.float32),
-            top_k=np.zeros(1, np.int64), rng_key=np.zeros(1, np.int64), position=np.array([pos], np.int64),
+            top_k=np.zeros(1, np.int64), rng_counter_base=np.zeros(1, np.int64), position=np.array([pos], np.int64),
             draft=np.array([-1], np.int64),
         )
         token = int(prims.verify_sample(logits, sample)[0][0])

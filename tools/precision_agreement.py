@@ -49,10 +49,10 @@ class PromptAgreement:
 
 def bench_prompt_ids(tokenizer, path: Path = BENCH_PROMPTS) -> list[tuple[str, list[int]]]:
     """``(id, prompt ids)`` of every line of a bench prompts file (``sf-trt bench``'s format)."""
-    from sf_trt.cli.bench import _read_prompts
+    from sf_trt.cli.bench import read_prompts
     from sf_trt.cli.generate import prompt_ids
 
-    return [(row.id, prompt_ids(tokenizer, prompt=row.prompt, messages=row.messages, ids=row.prompt_ids)) for row in _read_prompts(path)]
+    return [(row.id, prompt_ids(tokenizer, prompt=row.prompt, messages=row.messages, ids=row.prompt_ids)) for row in read_prompts(path)]
 
 
 def greedy(prims, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

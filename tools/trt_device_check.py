@@ -133,7 +133,7 @@ def sample_rows(n: int, keys, positions, *, gumbel: bool = True, temperature: fl
     mode = int(Sampling.GPU_GUMBEL if gumbel else Sampling.GPU_GREEDY)
     return SampleRows(
         mode=np.full(n, mode, np.int64), temperature=np.full(n, temperature, np.float32), top_p=np.full(n, top_p, np.float32),
-        top_k=np.full(n, top_k, np.int64), rng_key=np.asarray(keys, np.int64), position=np.asarray(positions, np.int64),
+        top_k=np.full(n, top_k, np.int64), rng_counter_base=np.asarray(keys, np.int64), position=np.asarray(positions, np.int64),
         draft=np.full(n, -1, np.int64),
     )
 
@@ -153,7 +153,7 @@ def verify_feeds(rng: np.random.Generator, n: int, vocab: int, top_k_limit: int)
         "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], n).astype(np.float32),
         "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2], n).astype(np.float32),
         "top_k": rng.choice([0, 0, 1, 3, 7, top_k_limit, 1000], n).astype(np.int64),
-        "rng_key": keys, "position": positions, "draft": rng.integers(-1, vocab, n, dtype=np.int64),
+        "rng_counter_base": keys, "position": positions, "draft": rng.integers(-1, vocab, n, dtype=np.int64),
     }
 
 
@@ -172,7 +172,7 @@ def verify_against_reference(run_debug: Callable, run_plain: Callable | None, ro
         feeds = {"logits": f["logits"], **V.sample_feeds(sample_rows_from(f))}
         out = run_debug(feeds)
         u = np.asarray(out["u"])[:, :vocab]
-        want_u = V.hash_u(f["rng_key"], f["position"], vocab)
+        want_u = V.hash_u(f["rng_counter_base"], f["position"], vocab)
         if not np.array_equal(u.astype(np.float64), want_u):
             bad = int(np.sum(u.astype(np.float64) != want_u))
             raise AssertionError(f"u differs from hash_u in {bad} of {u.size} values")
@@ -196,7 +196,7 @@ def verify_against_reference(run_debug: Callable, run_plain: Callable | None, ro
 def sample_rows_from(f: dict):
     from sf_trt.primitives import SampleRows
 
-    return SampleRows(**{k: f[k] for k in ("mode", "temperature", "top_p", "top_k", "rng_key", "position", "draft")})
+    return SampleRows(**{k: f[k] for k in ("mode", "temperature", "top_p", "top_k", "rng_counter_base", "position", "draft")})
 
 
 def packing(make_prims: Callable[[], Any], vocab: int, n_tokens: int = 20) -> str:

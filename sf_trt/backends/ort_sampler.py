@@ -13,7 +13,7 @@ Each variant draws bit-for-bit what the full graph draws on the rows it covers
 other rows of the batch, never changes a row's token (SPEC behaviour 3).
 Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts
 (:func:`sf_trt.graphs.verify.sample_feeds`: the fields, and the row's noise keys from its
-``rng_key`` and ``position``).
+``rng_counter_base`` and ``position``).
 """
 
 from __future__ import annotations

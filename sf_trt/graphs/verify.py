@@ -22,8 +22,8 @@ name            dtype    shape     meaning
 ``min_p``       float32  [R]       in [0, 1]; 0 keeps every token
 ==============  =======  ========  =====================================================
 
-The noise keys are :func:`noise_keys` of the row's ``rng_key`` (the lane's
-``rng_counter_base``, ``0 <= key < 2**63``) and ``position`` (of the token drawn,
+The noise keys are :func:`noise_keys` of the row's ``rng_counter_base`` (the lane's,
+``0 <= key < 2**63``) and ``position`` (of the token drawn,
 ``0 <= position < 2**31``), computed on the host in exact 64-bit integer code;
 :func:`sample_feeds` turns :class:`sf_trt.primitives.SampleRows` into every input but
 ``logits``. The graph states their ranges in its metadata (:mod:`sf_trt.graphs.ranges`).
@@ -97,14 +97,13 @@ min-p filter; they draw exactly what the full graph draws on rows with
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from ..abi import Sampling
-from .builder import OPSET
+from .builder import OPSET, GraphBuilder
 from .ranges import declare_ranges
 
 __all__ = [
@@ -121,7 +120,7 @@ LOGITS = "logits"
 SAMPLE_FIELDS = ("mode", "temperature", "top_p", "top_k", "draft", "min_p")
 """The inputs fed straight from the :class:`sf_trt.primitives.SampleRows` fields of that name."""
 NOISE_ADD, NOISE_MUL = "noise_add", "noise_mul"
-"""The inputs :func:`noise_keys` computes from the ``rng_key`` and ``position`` fields."""
+"""The inputs :func:`noise_keys` computes from the ``rng_counter_base`` and ``position`` fields."""
 SAMPLE_INPUTS = SAMPLE_FIELDS[:4] + (NOISE_ADD, NOISE_MUL) + SAMPLE_FIELDS[4:]
 """Every input but ``logits``, in graph order: what :func:`sample_feeds` returns."""
 INPUTS = (LOGITS,) + SAMPLE_INPUTS
@@ -218,12 +217,12 @@ _FEW_ROWS = 4
 """Up to this many rows, :func:`noise_keys` hashes in Python ints: cheaper than ~30 numpy calls."""
 
 
-def noise_keys(rng_key, position) -> tuple[np.ndarray, np.ndarray]:
+def noise_keys(rng_counter_base, position) -> tuple[np.ndarray, np.ndarray]:
     """The graph's ``(noise_add, noise_mul)``, int32 ``[R, ROUNDS]`` each, for rows with
-    these ``rng_key`` (``0 <= key < 2**63``) and ``position`` (``0 <= position < 2**31``):
+    these ``rng_counter_base`` (``0 <= key < 2**63``) and ``position`` (``0 <= position < 2**31``):
     fields of ``fmix64(fmix64(key + c0) ^ (position * c1 + c2))``, bits 0..35 the additive
     keys, bits 36..62 the multipliers' 9-bit indices."""
-    key = np.asarray(rng_key, np.int64).reshape(-1)
+    key = np.asarray(rng_counter_base, np.int64).reshape(-1)
     pos = np.asarray(position, np.int64).reshape(-1)
     if key.size <= _FEW_ROWS:
         rows = [_row_hash(k, p) for k, p in zip(key.tolist(), pos.tolist())]
@@ -243,11 +242,11 @@ def sample_feeds(sample, *, noise: bool = True) -> dict[str, np.ndarray]:
     """Every input of the verify graph but ``logits``, by name and in the graph's dtypes,
     from a :class:`sf_trt.primitives.SampleRows` (or anything with its fields).
 
-    ``noise=False`` fills the noise keys with zeros instead of hashing ``rng_key`` and
+    ``noise=False`` fills the noise keys with zeros instead of hashing ``rng_counter_base`` and
     ``position``: for :func:`build_greedy_graph`, which reads neither."""
     feeds = {n: np.ascontiguousarray(getattr(sample, n), dtype=dtype) for n, dtype in _FIELD_DTYPES}
     if noise:
-        feeds[NOISE_ADD], feeds[NOISE_MUL] = noise_keys(sample.rng_key, sample.position)
+        feeds[NOISE_ADD], feeds[NOISE_MUL] = noise_keys(sample.rng_counter_base, sample.position)
     else:
         feeds[NOISE_ADD] = feeds[NOISE_MUL] = np.zeros((len(feeds["mode"]), ROUNDS), np.int32)
     return feeds  # by name: the order of SAMPLE_INPUTS does not matter to a session
@@ -294,10 +293,10 @@ class _NumpyOps:
         return np.floor_divide(x, np.int64(d))  # operands >= 0: floor and truncation agree
 
 
-def hash_u(rng_key: np.ndarray, position: np.ndarray, vocab: int) -> np.ndarray:
+def hash_u(rng_counter_base: np.ndarray, position: np.ndarray, vocab: int) -> np.ndarray:
     """The graph's ``u`` in numpy: float64 ``[R, vocab]``, each value exactly the float32 the
     graph computes."""
-    adds, muls = noise_keys(rng_key, position)
+    adds, muls = noise_keys(rng_counter_base, position)
     a, b = (x.astype(np.int64).reshape(1, -1) for x in token_states(vocab))
     h = _feistel(_NumpyOps(), a, b, adds.astype(np.int64).T[..., None], muls.astype(np.int64).T[..., None])
     return (h.astype(np.float64) + 0.5) * 2.0**-U_BITS
@@ -322,40 +321,12 @@ def hash_bits(key: int, position: int, token: int) -> int:
 # -- the graph ---------------------------------------------------------------------------------
 
 
-class _Builder:
-    """Nodes and initializers, with unique names; also the hash ops on ONNX tensors."""
+class _Builder(GraphBuilder):
+    """The graph builder with the hash's int32 ops (scalars are initializers that broadcast),
+    so :func:`_feistel` runs on ONNX tensors as it runs on numpy arrays (:class:`_NumpyOps`)."""
 
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self._n = 0
-        self._consts: dict[tuple, str] = {}
-
-    def fresh(self, stem: str) -> str:
-        self._n += 1
-        return f"{stem}_{self._n}"
-
-    def init(self, value: Any, stem: str = "c") -> str:
-        arr = np.asarray(value)
-        key = (arr.dtype.str, arr.shape, arr.tobytes())
-        if key not in self._consts:
-            name = self.fresh(stem)
-            self.inits.append(numpy_helper.from_array(arr, name))
-            self._consts[key] = name
-        return self._consts[key]
-
-    def op(self, op: str, inputs: list[str], stem: str | None = None, n_out: int = 1, **attrs):
-        outs = [self.fresh(stem or op.lower()) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op, inputs, outs, name=outs[0], **attrs))
-        return outs[0] if n_out == 1 else outs
-
-    def named(self, op: str, inputs: list[str], out: str, **attrs) -> str:
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
-
-    # hash ops (int32; scalars are initializers that broadcast)
     def _i32(self, v):
-        return v if isinstance(v, str) else self.init(np.array(v, np.int32), "k")
+        return v if isinstance(v, str) else self.init(np.array(v, np.int32))
 
     def add(self, a, b):
         return self.op("Add", [a, self._i32(b)], "h_add")
@@ -368,6 +339,15 @@ class _Builder:
 
     def div(self, a, d):
         return self.op("Div", [a, self._i32(d)], "h_div")
+
+    def col(self, x: str) -> str:
+        """``[R] -> [R, 1]``."""
+        return self.op("Unsqueeze", [x, self.i64([1])], "col")
+
+    def mask(self, x: str) -> str:
+        """bool -> 0.0 / 1.0 (masks multiply as floats: exact on the finite, >= 0 values
+        they scale, and onnxruntime's Mul is several times faster than its Where)."""
+        return self.op("Cast", [x], "mask", to=TensorProto.FLOAT)
 
 
 def _io(vocab: int) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
@@ -402,8 +382,7 @@ def build_greedy_graph(vocab: int) -> onnx.ModelProto:
     tok = b.named("ArgMax", [LOGITS], TOKENS, axis=1, keepdims=0, select_last_index=0)  # [R]
     b.named("Equal", [tok, "draft"], MATCH)  # [R]
     inputs, outputs = _io(vocab)
-    graph = helper.make_graph(b.nodes, "verify_greedy", inputs, outputs, b.inits)
-    return _declare_ranges(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify"))
+    return _declare_ranges(b.model("verify_greedy", inputs, outputs, producer="sf_trt.graphs.verify"))
 
 
 def build_verify_graph(
@@ -431,107 +410,115 @@ def build_verify_graph(
         )
     V, Vp, K = int(vocab), padded_vocab(int(vocab)), topk_k(int(vocab), int(top_k_limit))
     b = _Builder()
-    f32 = lambda v: b.init(np.array(v, np.float32), "f")  # noqa: E731
-    i64 = lambda v: b.init(np.array(v, np.int64), "i")  # noqa: E731
-    axis1 = b.init(np.array([1], np.int64), "axis1")
-    col = lambda x: b.op("Unsqueeze", [x, axis1], "col")  # noqa: E731  [R] -> [R, 1]
-    as_f32 = lambda x: b.op("Cast", [x], "mask", to=TensorProto.FLOAT)  # noqa: E731  bool -> 0.0 / 1.0
-    # (masks multiply as 0.0/1.0 floats: exact on the finite, >= 0 values they scale, and
-    # onnxruntime's Mul is several times faster than its Where)
-
-    # Greedy: the same ArgMax as build_greedy_graph.
-    greedy = b.op("ArgMax", [LOGITS], "greedy", axis=1, keepdims=0, select_last_index=0)  # [R]
-
-    # Per-row parameters as columns [R, 1].
-    is_gumbel = b.op("Equal", ["mode", i64(GUMBEL)], "is_gumbel")  # [R] bool
-    temp = b.op("Where", [col(is_gumbel), col("temperature"), f32(1.0)], "temp")  # [R, 1]: 1 on greedy rows
-
-    # Scaled logits s [R, Vp] (padded with -inf to a multiple of PAD_TO).
-    x = LOGITS
-    if Vp != V:
-        pads = b.init(np.array([0, 0, 0, Vp - V], np.int64), "pads")
-        x = b.op("Pad", [LOGITS, pads, f32(-np.inf)], "padded", mode="constant")  # [R, Vp]
-    s = b.op("Div", [x, temp], "s")  # [R, Vp]
-
-    keep = None  # [R, Vp] bool, the candidates; None: every token
-    if top_k:
-        # Top-k: keep s >= the k-th largest s (ties kept); off where top_k <= 0.
-        kcol = col("top_k")  # [R, 1]
-        vals, _ = b.op("TopK", [s, b.init(np.array([K], np.int64), "K")], "topk", n_out=2, axis=1, largest=1, sorted=1)  # [R, K]
-        kidx = b.op("Sub", [b.op("Min", [b.op("Max", [kcol, i64(1)]), i64(K)]), i64(1)], "kidx")  # [R, 1] in 0..K-1
-        kth = b.op("GatherElements", [vals, kidx], "kth", axis=1)  # [R, 1]
-        k_on = b.op("Greater", [kcol, i64(0)], "k_on")  # [R, 1]
-        keep = b.op("Or", [b.op("GreaterOrEqual", [s, kth]), b.op("Not", [k_on])], "keep_k")  # [R, Vp]
-        m = b.op("Slice", [vals, i64([0]), i64([1]), axis1], "m")  # [R, 1]: the largest s
-    else:
-        m = b.op("ReduceMax", [s], "m", axes=[1], keepdims=1)  # [R, 1]: the largest s
-
-    e = None  # [R, Vp]: exp(s - m), in [0, 1] (0 on the -inf padding); 1 at the argmax
-    if min_p or top_p:
-        e = b.op("Exp", [b.op("Sub", [s, m])], "e")
+    greedy = b.op("ArgMax", [LOGITS], "greedy", axis=1, keepdims=0, select_last_index=0)  # [R]: build_greedy_graph's
+    is_gumbel = b.op("Equal", ["mode", b.i64(GUMBEL)], "is_gumbel")  # [R] bool
+    s = _scaled_logits(b, is_gumbel, V, Vp)  # [R, Vp]
+    keep, m, kth_on = _top_k_filter(b, s, K) if top_k else (None, b.op("ReduceMax", [s], "m", axes=[1], keepdims=1), None)
+    e = b.op("Exp", [b.op("Sub", [s, m])], "e") if (min_p or top_p) else None  # [R, Vp]: exp(s - m) in [0, 1]; 1 at the argmax
     if min_p:
         # Min-p: keep p / p_max = exp(s - m) >= min_p, compared on the [R, Vp] values (no
         # per-row Log: a transcendental on an [R, 1] column could round by where the row sits).
-        keep_m = b.op("GreaterOrEqual", [e, col("min_p")], "keep_m")  # [R, Vp]; min_p = 0 keeps all
+        keep_m = b.op("GreaterOrEqual", [e, b.col("min_p")], "keep_m")  # [R, Vp]; min_p = 0 keeps all
         keep = keep_m if keep is None else b.op("And", [keep, keep_m], "keep_km")
-
     lo = None
     if top_p:
-        # Top-p over the top-k- and min-p-filtered softmax: e on kept tokens, 0 elsewhere.
-        pcol = col("top_p")  # [R, 1]
-        if keep is not None:
-            e = b.op("Mul", [e, as_f32(keep)], "e_k")  # [R, Vp]
-        z = b.op("ReduceSum", [e, axis1], "z", keepdims=1)  # [R, 1], >= 1 (the argmax's e is 1)
-        target = b.op("Mul", [pcol, z], "target")  # [R, 1]: keep lo with mass(s >= lo) >= top_p * Z
-        floor = b.op("Sub", [m, f32(BISECT_SPAN)], "floor")  # [R, 1]
-        lo = b.op("Max", [b.op("Where", [k_on, kth, f32(-np.inf)]), floor], "lo") if top_k else floor  # [R, 1]
-        hi = m  # [R, 1]
-        half = f32(0.5)
-        for _ in range(BISECT_STEPS):
-            mid = b.op("Add", [b.op("Mul", [lo, half]), b.op("Mul", [hi, half])], "mid")  # [R, 1]; lo <= mid <= hi
-            above = as_f32(b.op("GreaterOrEqual", [s, mid], "above"))  # [R, Vp]
-            mass = b.op("ReduceSum", [b.op("Mul", [e, above]), axis1], "mass", keepdims=1)  # [R, 1]
-            ok = b.op("GreaterOrEqual", [mass, target], "ok")  # [R, 1]
-            lo = b.op("Where", [ok, mid, lo], "lo")  # [R, 1]
-            hi = b.op("Where", [ok, hi, mid], "hi")  # [R, 1]
-        p_off = b.op("GreaterOrEqual", [pcol, f32(1.0)], "p_off")  # [R, 1]: top_p >= 1 keeps everything
-        keep_p = b.op("Or", [b.op("GreaterOrEqual", [s, lo]), p_off], "keep_p")  # [R, Vp]; lo <= m: the argmax stays
-        keep = keep_p if keep is None else b.op("And", [keep, keep_p], "keep")  # [R, Vp]
+        keep, lo = _top_p_filter(b, s, m, e, keep, kth_on)
+    gumbel, u = _gumbel_argmax(b, s, keep, Vp)  # [R], [R, Vp]
+    tokens = b.named("Where", [is_gumbel, gumbel, greedy], TOKENS)  # [R]
+    b.named("Equal", [tokens, "draft"], MATCH)  # [R]
+    inputs, outputs = _io(V)
+    if debug:
+        outputs += _debug_outputs(b, s, m, u, keep, lo, Vp)
+    model = b.model("verify", inputs, outputs, producer="sf_trt.graphs.verify", metadata={"top_k_limit": int(top_k_limit)})
+    return _declare_ranges(model)
 
-    # u from the hash: the row's keys [R, 1] (host-made), the token states [1, Vp] (constant),
-    # three Feistel rounds on [R, Vp] in int32, every value in [0, 2**24).
-    ones = b.init(np.ones(ROUNDS, np.int64), "split_ones")
+
+def _scaled_logits(b: _Builder, is_gumbel: str, V: int, Vp: int) -> str:
+    """``s = logits / temperature`` ``[R, Vp]`` (temperature 1 on greedy rows), padded
+    with -inf to ``Vp``, a multiple of PAD_TO."""
+    temp = b.op("Where", [b.col(is_gumbel), b.col("temperature"), b.f32(1.0)], "temp")  # [R, 1]
+    x = LOGITS
+    if Vp != V:
+        pads = b.i64([0, 0, 0, Vp - V])
+        x = b.op("Pad", [LOGITS, pads, b.f32(-np.inf)], "padded", mode="constant")  # [R, Vp]
+    return b.op("Div", [x, temp], "s")  # [R, Vp]
+
+
+def _top_k_filter(b: _Builder, s: str, K: int) -> tuple[str, str, tuple[str, str]]:
+    """Top-k: keep s >= the k-th largest s (ties kept); off where top_k <= 0.
+    Returns the candidates ``[R, Vp]`` bool, the largest s ``m`` ``[R, 1]``, and the
+    k-th value with its on-flag (``[R, 1]`` each) for top-p's lower bound."""
+    kcol = b.col("top_k")  # [R, 1]
+    vals, _ = b.op("TopK", [s, b.i64([K])], "topk", n_out=2, axis=1, largest=1, sorted=1)  # [R, K]
+    kidx = b.op("Sub", [b.op("Min", [b.op("Max", [kcol, b.i64(1)]), b.i64(K)]), b.i64(1)], "kidx")  # [R, 1] in 0..K-1
+    kth = b.op("GatherElements", [vals, kidx], "kth", axis=1)  # [R, 1]
+    k_on = b.op("Greater", [kcol, b.i64(0)], "k_on")  # [R, 1]
+    keep = b.op("Or", [b.op("GreaterOrEqual", [s, kth]), b.op("Not", [k_on])], "keep_k")  # [R, Vp]
+    m = b.op("Slice", [vals, b.i64([0]), b.i64([1]), b.i64([1])], "m")  # [R, 1]: the largest s
+    return keep, m, (kth, k_on)
+
+
+def _top_p_filter(b: _Builder, s: str, m: str, e: str, keep, kth_on) -> tuple[str, str]:
+    """Top-p over the top-k- and min-p-filtered softmax (e on kept tokens, 0 elsewhere):
+    BISECT_STEPS bisection steps for the largest ``lo`` with ``mass(s >= lo) >= top_p * Z``.
+    Returns the candidates ``[R, Vp]`` and ``lo`` ``[R, 1]``."""
+    pcol = b.col("top_p")  # [R, 1]
+    axis1 = b.i64([1])
+    if keep is not None:
+        e = b.op("Mul", [e, b.mask(keep)], "e_k")  # [R, Vp]
+    z = b.op("ReduceSum", [e, axis1], "z", keepdims=1)  # [R, 1], >= 1 (the argmax's e is 1)
+    target = b.op("Mul", [pcol, z], "target")  # [R, 1]
+    floor = b.op("Sub", [m, b.f32(BISECT_SPAN)], "floor")  # [R, 1]
+    if kth_on is not None:
+        kth, k_on = kth_on
+        lo = b.op("Max", [b.op("Where", [k_on, kth, b.f32(-np.inf)]), floor], "lo")  # [R, 1]
+    else:
+        lo = floor
+    hi = m  # [R, 1]
+    half = b.f32(0.5)
+    for _ in range(BISECT_STEPS):
+        mid = b.op("Add", [b.op("Mul", [lo, half]), b.op("Mul", [hi, half])], "mid")  # [R, 1]; lo <= mid <= hi
+        above = b.mask(b.op("GreaterOrEqual", [s, mid], "above"))  # [R, Vp]
+        mass = b.op("ReduceSum", [b.op("Mul", [e, above]), axis1], "mass", keepdims=1)  # [R, 1]
+        ok = b.op("GreaterOrEqual", [mass, target], "ok")  # [R, 1]
+        lo = b.op("Where", [ok, mid, lo], "lo")  # [R, 1]
+        hi = b.op("Where", [ok, hi, mid], "hi")  # [R, 1]
+    p_off = b.op("GreaterOrEqual", [pcol, b.f32(1.0)], "p_off")  # [R, 1]: top_p >= 1 keeps everything
+    keep_p = b.op("Or", [b.op("GreaterOrEqual", [s, lo]), p_off], "keep_p")  # [R, Vp]; lo <= m: the argmax stays
+    return (keep_p if keep is None else b.op("And", [keep, keep_p], "keep")), lo
+
+
+def _gumbel_argmax(b: _Builder, s: str, keep, Vp: int) -> tuple[str, str]:
+    """The Gumbel-max draw ``[R]`` and its ``u`` ``[R, Vp]``: u from the hash (the row's host-made keys [R, 1], the
+    token states [1, Vp], three Feistel rounds on [R, Vp] in int32, every value in
+    [0, 2**24)), then ``argmax(s - log(-log u))`` over the candidates."""
+    ones = b.i64(np.ones(ROUNDS, np.int64))
     adds = b.op("Split", [NOISE_ADD, ones], "noise_add", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [0, 4096)
     muls = b.op("Split", [NOISE_MUL, ones], "noise_mul", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [1025, 2047]
     state_a, state_b = (b.init(x.reshape(1, Vp), name) for x, name in zip(token_states(Vp), ("token_a", "token_b")))
     h = _feistel(b, state_a, state_b, adds, muls)  # [R, Vp] int32 in [0, 2**23)
     hf = b.op("Cast", [h], "hf", to=TensorProto.FLOAT)  # [R, Vp], exact (< 2**24)
-    u = b.op("Mul", [b.op("Add", [hf, f32(0.5)]), f32(2.0**-U_BITS)], "u")  # [R, Vp], exact, in [2**-24, 1 - 2**-24]
+    u = b.op("Mul", [b.op("Add", [hf, b.f32(0.5)]), b.f32(2.0**-U_BITS)], "u")  # [R, Vp], exact, in [2**-24, 1 - 2**-24]
     loglog = b.op("Log", [b.op("Neg", [b.op("Log", [u])])], "loglog")  # [R, Vp]: log(-log u) = -g, finite
     score = b.op("Sub", [s, loglog], "score")  # [R, Vp]: s + g
     if keep is not None:
-        score = b.op("Where", [keep, score, f32(-np.inf)], "score_kept")  # [R, Vp]: -inf off the candidates
-    gumbel = b.op("ArgMax", [score], "gumbel", axis=1, keepdims=0, select_last_index=0)  # [R]
+        score = b.op("Where", [keep, score, b.f32(-np.inf)], "score_kept")  # [R, Vp]: -inf off the candidates
+    return b.op("ArgMax", [score], "gumbel", axis=1, keepdims=0, select_last_index=0), u
 
-    tokens = b.named("Where", [is_gumbel, gumbel, greedy], TOKENS)  # [R]
-    b.named("Equal", [tokens, "draft"], MATCH)  # [R]
-    inputs, outputs = _io(V)
-    if debug:
-        if keep is None:
-            keep = b.op("Equal", [s, s], "all")  # [R, Vp]: True but on NaN
-        if lo is None:
-            lo = b.op("Sub", [m, f32(np.inf)], "no_lo")  # [R, 1]: -inf
-        for name, value in zip(DEBUG_OUTPUTS, (u, keep, lo)):
-            b.named("Identity", [value], name)
-        outputs += [
-            helper.make_tensor_value_info("u", TensorProto.FLOAT, [ROWS, Vp]),
-            helper.make_tensor_value_info("keep", TensorProto.BOOL, [ROWS, Vp]),
-            helper.make_tensor_value_info("lo", TensorProto.FLOAT, [ROWS, 1]),
-        ]
-    graph = helper.make_graph(b.nodes, "verify", inputs, outputs, b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="sf_trt.graphs.verify")
-    model.metadata_props.add(key="top_k_limit", value=str(int(top_k_limit)))
-    return _declare_ranges(model)
+
+def _debug_outputs(b: _Builder, s: str, m: str, u: str, keep, lo, Vp: int) -> list[onnx.ValueInfoProto]:
+    """:data:`DEBUG_OUTPUTS` (u, the candidates, top-p's lo), for tests."""
+    if keep is None:
+        keep = b.op("Equal", [s, s], "all")  # [R, Vp]: True but on NaN
+    if lo is None:
+        lo = b.op("Sub", [m, b.f32(np.inf)], "no_lo")  # [R, 1]: -inf
+    for name, value in zip(DEBUG_OUTPUTS, (u, keep, lo)):
+        b.named("Identity", [value], name)
+    return [
+        helper.make_tensor_value_info("u", TensorProto.FLOAT, [ROWS, Vp]),
+        helper.make_tensor_value_info("keep", TensorProto.BOOL, [ROWS, Vp]),
+        helper.make_tensor_value_info("lo", TensorProto.FLOAT, [ROWS, 1]),
+    ]
 
 
 # -- the numpy reference (tests only) ----------------------------------------------------------
@@ -543,7 +530,7 @@ def reference_verify_sample(
     temperature: np.ndarray,
     top_p: np.ndarray,
     top_k: np.ndarray,
-    rng_key: np.ndarray,
+    rng_counter_base: np.ndarray,
     position: np.ndarray,
     draft: np.ndarray,
     min_p: np.ndarray | None = None,
@@ -595,7 +582,7 @@ def reference_verify_sample(
         hi = np.where(ok, hi, mid)
     p_off = tp >= 1.0
     keep = keep_k & ((s >= lo[:, None]) | p_off[:, None])
-    u = hash_u(rng_key, position, V)
+    u = hash_u(rng_counter_base, position, V)
     g = -np.log(-np.log(u))
     score = np.where(keep, s + g, -np.inf)
     tokens = np.where(gum, score.argmax(axis=1), logits.argmax(axis=1)).astype(np.int64)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import secrets
@@ -38,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
 from ..abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from ..drafting import DEFAULT_SCOPE
 from ..engine import TokenLogprobs
 from ..engine_loop import SHUTDOWN_ERROR, EngineLoop, NotServing, Output, Overloaded, RequestStream
 from ..scheduler import DEFAULT_DRAFTER, Request, choice_key
@@ -271,11 +273,11 @@ class _Job:
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
+        try:  # contents stay text: a message cannot forge a control token (a role turn)
             text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True)
         except TokenizerError as exc:
             raise ApiError(400, "BadRequestError", str(exc), "messages") from None
-        ids = _encode(state, text, "messages")
         k = (body.top_logprobs or 0) if body.logprobs else None
         return _Job._build(state, engine, "chat", "chatcmpl", body, [ids], [text], k, body.max_completion_tokens or body.max_tokens)
 
@@ -304,6 +306,7 @@ class _Job:
                     ids, mode, params, seed=choice_key(seed, index), speculate=speculate != "none",
                     drafter=speculate if speculate != "none" else DEFAULT_DRAFTER, max_draft=max_draft,
                     stop=body.stops(), stop_token_ids=tuple(body.stop_token_ids or ()), logprobs=logprobs,
+                    draft_scope=draft_scope(body.user),
                 )))
         for c in choices:
             try:
@@ -326,6 +329,13 @@ def _check_common(state: ServerState, body: SamplingFields) -> None:
         raise ApiError(400, "BadRequestError", f"unsupported field(s): {', '.join(bad)} (sf_trt cannot honour them yet)", bad[0])
     if any(not s for s in body.stops()):
         raise ApiError(400, "BadRequestError", "stop: stop strings must not be empty", "stop")
+
+
+def draft_scope(user: Optional[str]) -> str:
+    """The suffix drafter's corpus a request drafts from and joins: one per ``user``
+    (requests that name none share the default one). Drafts never change a token,
+    so scopes are about privacy and relevance, not output."""
+    return DEFAULT_SCOPE if not user else "user:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _encode(state: ServerState, text: str, param: str) -> list[int]:

@@ -94,7 +94,7 @@ def test_verify_sample_draws_the_argmax_under_greedy(prims):
     k = logits.shape[0]
     sample = SampleRows(
         mode=np.zeros(k, np.int64), temperature=np.ones(k, np.float32), top_p=np.ones(k, np.float32),
-        top_k=np.zeros(k, np.int64), rng_key=np.zeros(k, np.int64), position=np.arange(k, dtype=np.int64),
+        top_k=np.zeros(k, np.int64), rng_counter_base=np.zeros(k, np.int64), position=np.arange(k, dtype=np.int64),
         draft=np.argmax(logits, axis=1).astype(np.int64),
     )
     tokens, match = prims.verify_sample(logits, sample)

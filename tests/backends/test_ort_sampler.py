@@ -12,6 +12,8 @@ from sf_trt.graphs import verify as V
 from sf_trt.primitives import SampleRows
 from sf_trt.backends.ort_sampler import OrtVerifySampler
 
+from rows import random_sample_feeds as random_feeds
+
 VOCABS = (5, 37, 64, 300)  # 64: no padding; the others padded to a multiple of 16
 
 
@@ -34,24 +36,6 @@ def run(feeds, vocab, **kw):
     return session(vocab, **kw).run(None, {"logits": feeds["logits"], **V.sample_feeds(sample_rows(feeds))})
 
 
-def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool = False, gumbel_share: float = 0.7):
-    if ties:  # small integers: exact ties everywhere
-        logits = rng.integers(-3, 3, (rows, vocab)).astype(np.float32)
-    else:
-        logits = (rng.normal(0, rng.uniform(0.5, 4), (rows, vocab))).astype(np.float32)
-    return {
-        "logits": logits,
-        "mode": (rng.random(rows) < gumbel_share).astype(np.int64),
-        "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
-        "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
-        "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
-        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
-        "position": rng.integers(0, 2**31, rows, dtype=np.int64),
-        "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
-        "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
-    }
-
-
 def sample_rows(feeds) -> SampleRows:
     return SampleRows(**{f.name: feeds[f.name] for f in dataclasses.fields(SampleRows)})
 
@@ -60,7 +44,7 @@ def test_sampler_picks_the_cheapest_graph_and_draws_what_the_full_graph_draws():
     vocab = 37
     sampler = OrtVerifySampler(vocab, top_k_limit=TOPK_LIMIT)
     rng = np.random.default_rng(7)
-    feeds = random_feeds(rng, 24, vocab)
+    feeds = random_feeds(rng, TOPK_LIMIT, 24, vocab)
     cases = {
         "greedy": dict(mode=0),
         "gumbel": dict(top_k=0, top_p=1.0, min_p=0.0),
@@ -92,10 +76,10 @@ def test_sampler_converts_dtypes_and_layouts_and_handles_no_rows():
     tokens, match = sampler.run(np.zeros((0, vocab), np.float32), SampleRows.empty())
     assert tokens.shape == (0,) and tokens.dtype == np.int64 and match.shape == (0,) and match.dtype == np.bool_
     rng = np.random.default_rng(3)
-    feeds = random_feeds(rng, 10, vocab)
+    feeds = random_feeds(rng, TOPK_LIMIT, 10, vocab)
     want = sampler.run(feeds["logits"], sample_rows(feeds))
     wide = np.asfortranarray(np.concatenate([feeds["logits"], feeds["logits"]], axis=1).astype(np.float64))[:, :vocab]
-    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_key" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
+    odd = {k: (v.astype(np.int32) if v.dtype == np.int64 and k != "rng_counter_base" else v.astype(np.float64) if v.dtype == np.float32 else v)[::-1][::-1] for k, v in feeds.items()}
     got = sampler.run(wide, sample_rows(odd))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])

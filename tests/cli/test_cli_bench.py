@@ -3,24 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-
-def sf_trt(*args: str, check: bool = False) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", *args], capture_output=True, text=True, timeout=600)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
-def refused(*args: str, code: int = 1) -> str:
-    proc = sf_trt(*args)
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    return proc.stderr.strip().splitlines()[-1]
+from cli_run import refused, sf_trt
 
 
 @pytest.mark.slow

@@ -4,26 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from cli_run import refused, sf_trt
 from tiny_gguf import write_tiny_gguf
-
-
-def sf_trt(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "sf_trt.cli", *args], capture_output=True, text=True, timeout=600,
-                          env=None if env is None else {**os.environ, **env})
-    assert "Traceback" not in proc.stderr, proc.stderr
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
-def refused(*args: str, code: int = 1) -> str:
-    proc = sf_trt(*args)
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    return proc.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(
@@ -83,15 +67,17 @@ def test_bad_prompts_are_refused(args, words):
 @pytest.mark.slow
 def test_generate_json_is_the_same_with_and_without_speculation():
     runs = {}
-    for spec in ("none", "prompt-lookup"):
+    for spec in ("none", "prompt-lookup", "suffix"):
         proc = sf_trt("generate", "--prompt", "one two three four one two three four one two", "--max-tokens", "24",
                       "--temperature", "0.7", "--seed", "5", "--speculate", spec, "--json", check=True)
         runs[spec] = json.loads(proc.stdout)
-    plain, spec = runs["none"], runs["prompt-lookup"]
+    plain = runs["none"]
     assert set(plain) == {"tokens", "text", "finish", "prompt_tokens", "seconds", "tokens_per_s", "proposed", "accepted", "error"}
-    assert plain["error"] is None and spec["error"] is None
-    assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
-    assert plain["proposed"] == 0 and spec["proposed"] > 0
+    for spec in (runs["prompt-lookup"], runs["suffix"]):
+        assert plain["error"] is None and spec["error"] is None
+        assert (spec["tokens"], spec["text"], spec["finish"]) == (plain["tokens"], plain["text"], plain["finish"])
+        assert spec["proposed"] > 0
+    assert plain["proposed"] == 0
     assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"
 
 
@@ -99,7 +85,7 @@ def test_generate_json_is_the_same_with_and_without_speculation():
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--top-k", "5000"], "admit(lane=0): top_k 5000 exceeds the sampler's limit 1024 [BAD_SAMPLING_PARAMS]"),
+        (["--top-k", "5000"], "request 0: top_k 5000 exceeds the sampler's limit 1024 [BAD_SAMPLING_PARAMS]"),
         (["--temperature", "1e-40"], "temperature 1e-40 is below the floor 1.52587890625e-05 (2**-16)"),
         (["--temperature", "1e-38"], "temperature 1e-38 is below the floor"),
     ],

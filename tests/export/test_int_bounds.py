@@ -97,7 +97,7 @@ def sample(keys, positions) -> SampleRows:
     return SampleRows(
         mode=np.ones(r, np.int64), temperature=np.full(r, 0.7, np.float32), top_p=np.full(r, 0.9, np.float32),
         top_k=np.array([0, 1, 5, 10**12, -3][: r] + [7] * max(0, r - 5), np.int64),  # 10**12 and -3: clamped
-        rng_key=np.asarray(keys, np.int64), position=np.asarray(positions, np.int64), draft=np.full(r, -1, np.int64),
+        rng_counter_base=np.asarray(keys, np.int64), position=np.asarray(positions, np.int64), draft=np.full(r, -1, np.int64),
     )
 
 
@@ -156,7 +156,7 @@ def test_verify_draws_are_bit_identical_with_integer_arithmetic_in_float32(name,
     assert_same(session(model).run(None, feeds), session(rewritten).run(None, feeds), name)
     if name == "debug":  # u itself, every triple, against the numpy hash
         u = session(rewritten).run(["u"], feeds)[0][:, :VOCAB]
-        np.testing.assert_array_equal(u, V.hash_u(rows.rng_key, rows.position, VOCAB))
+        np.testing.assert_array_equal(u, V.hash_u(rows.rng_counter_base, rows.position, VOCAB))
         assert u.size >= 10**5
 
 
@@ -208,6 +208,9 @@ def registry_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
                 shape = [d.dim_value or 65 for d in vi.type.tensor_type.shape.dim]  # cache_len: 65 slots
                 feeds[vi.name] = rng.normal(size=shape).astype(np.float32)
         return feeds
+    if name == "logprobs":
+        logits = rng.normal(size=(5, 500)).astype(np.float32)
+        return {"logits": logits, "tokens": np.array([0, 499, 7, 250, 1])}
     raise AssertionError(f"registry graph {name!r} has no feeds here: add them")
 
 

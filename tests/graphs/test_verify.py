@@ -18,6 +18,8 @@ from sf_trt.export.trt_support import check_graph, errors_in
 from sf_trt.graphs import verify as V
 from sf_trt.primitives import SampleRows
 
+from rows import random_sample_feeds as random_feeds
+
 SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,24 +60,6 @@ def run(feeds, vocab, **kw):
     return session(vocab, **kw).run(None, graph_feeds(feeds))
 
 
-def random_feeds(rng: np.random.Generator, rows: int, vocab: int, *, ties: bool = False, gumbel_share: float = 0.7):
-    if ties:  # small integers: exact ties everywhere
-        logits = rng.integers(-3, 3, (rows, vocab)).astype(np.float32)
-    else:
-        logits = (rng.normal(0, rng.uniform(0.5, 4), (rows, vocab))).astype(np.float32)
-    return {
-        "logits": logits,
-        "mode": (rng.random(rows) < gumbel_share).astype(np.int64),
-        "temperature": rng.choice([0.25, 0.5, 0.8, 1.0, 1.7], rows).astype(np.float32),
-        "top_p": rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.2, float(rng.uniform(0.05, 1))], rows).astype(np.float32),
-        "top_k": rng.choice([0, 0, 1, 2, 3, 7, TOPK_LIMIT, 1000], rows).astype(np.int64),
-        "rng_key": rng.integers(0, 2**63 - 1, rows, dtype=np.int64, endpoint=True),
-        "position": rng.integers(0, 2**31, rows, dtype=np.int64),
-        "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
-        "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
-    }
-
-
 def take(feeds, idx):
     return {k: np.ascontiguousarray(v[idx]) for k, v in feeds.items()}
 
@@ -89,7 +73,7 @@ def gumbel_rows(rows: int, vocab: int, logits, *, temperature=1.0, top_p=1.0, to
         "temperature": np.full(rows, temperature, np.float32),
         "top_p": np.full(rows, top_p, np.float32),
         "top_k": np.full(rows, top_k, np.int64),
-        "rng_key": key0 + i // 64,
+        "rng_counter_base": key0 + i // 64,
         "position": (i % 64) * 3 + 1,
         "draft": np.full(rows, -1, np.int64),
         "min_p": np.full(rows, min_p, np.float32),
@@ -135,8 +119,8 @@ def test_every_graph_checks_and_uses_only_the_ops_in_ops_md():
 def unread_inputs(name: str) -> set[str]:
     """The inputs a graph of :func:`all_graphs` does not read."""
     if name.startswith("greedy"):
-        return {"mode", "temperature", "top_p", "top_k", "noise_add", "noise_mul"}
-    return {field for field in ("top_k", "top_p") if f"{field}=False" in name}
+        return {"mode", "temperature", "top_p", "top_k", "noise_add", "noise_mul", "min_p"}
+    return {field for field in ("top_k", "top_p", "min_p") if f"{field}=False" in name}
 
 
 def test_io_names_dims_and_dtypes():
@@ -174,7 +158,7 @@ def test_topk_is_static_sorted_largest_and_below_3840():
 @given(seeds, st.sampled_from(VOCABS))
 def test_greedy_is_argmax_lowest_id_on_ties_and_both_graphs_agree_bit_for_bit(seed, vocab):
     rng = np.random.default_rng(seed)
-    feeds = random_feeds(rng, 12, vocab, ties=True, gumbel_share=0.5)
+    feeds = random_feeds(rng, TOPK_LIMIT, 12, vocab, ties=True, gumbel_share=0.5)
     tokens = run(feeds, vocab)[0]
     want = np.argmax(feeds["logits"], axis=1)  # numpy: the first (lowest) index of the max
     first_max = np.array([np.flatnonzero(r == r.max())[0] for r in feeds["logits"]])
@@ -191,7 +175,7 @@ def test_greedy_is_argmax_lowest_id_on_ties_and_both_graphs_agree_bit_for_bit(se
 @given(seeds, st.sampled_from(VOCABS), st.integers(1, 9))
 def test_a_rows_draw_depends_on_nothing_but_the_row(seed, vocab, others):
     rng = np.random.default_rng(seed)
-    feeds = random_feeds(rng, others + 1, vocab)
+    feeds = random_feeds(rng, TOPK_LIMIT, others + 1, vocab)
     first = run(feeds, vocab)
     again = run(feeds, vocab)
     for a, b in zip(first, again):
@@ -206,7 +190,7 @@ def test_a_rows_draw_depends_on_nothing_but_the_row(seed, vocab, others):
     for a, b in zip(shuffled, first):
         np.testing.assert_array_equal(a, b[perm])
     # a row among other rows of a fresh batch, at another index
-    extra = random_feeds(rng, 5, vocab)
+    extra = random_feeds(rng, TOPK_LIMIT, 5, vocab)
     mixed = {k: np.concatenate([extra[k][:3], feeds[k][:1], extra[k][3:]]) for k in feeds}
     inside = run(mixed, vocab)
     for a, b in zip(inside, first):
@@ -217,7 +201,7 @@ def test_a_rows_draw_depends_on_nothing_but_the_row(seed, vocab, others):
 @given(seeds, st.sampled_from(VOCABS))
 def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows_they_cover(seed, vocab):
     rng = np.random.default_rng(seed)
-    feeds = random_feeds(rng, 10, vocab)
+    feeds = random_feeds(rng, TOPK_LIMIT, 10, vocab)
     full = run(feeds, vocab)
     for top_k, top_p, min_p in VARIANTS[1:]:
         covered = np.ones(10, bool)
@@ -236,7 +220,7 @@ def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows
 def _agreement(feeds, vocab):
     tokens, match, u, keep, lo = run(feeds, vocab)
     ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, details=True)
-    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_key"], feeds["position"], vocab))  # bit-exact
+    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_counter_base"], feeds["position"], vocab))  # bit-exact
     np.testing.assert_array_equal(ref_match, ref == feeds["draft"])
     gumbel = feeds["mode"] == V.GUMBEL
     # a row may differ only where float32 vs float64 rounding can flip it: a near-tie of
@@ -252,12 +236,12 @@ def _agreement(feeds, vocab):
 @fast
 @given(seeds, st.sampled_from(VOCABS))
 def test_tokens_equal_the_numpy_reference(seed, vocab):
-    _agreement(random_feeds(np.random.default_rng(seed), 16, vocab), vocab)
+    _agreement(random_feeds(np.random.default_rng(seed), TOPK_LIMIT, 16, vocab), vocab)
 
 
 def test_tokens_equal_the_numpy_reference_on_at_least_99_9_percent_of_4000_rows():
     rng = np.random.default_rng(20240611)
-    same = np.concatenate([_agreement(random_feeds(rng, 1000, vocab, gumbel_share=1.0), vocab) for vocab in VOCABS])
+    same = np.concatenate([_agreement(random_feeds(rng, TOPK_LIMIT, 1000, vocab, gumbel_share=1.0), vocab) for vocab in VOCABS])
     assert same.mean() >= 0.999, same.mean()
 
 
@@ -444,7 +428,7 @@ def test_the_three_forms_of_the_hash_agree():
     k = np.repeat(EXTREME_KEYS, EXTREME_POSITIONS.size)
     p = np.tile(EXTREME_POSITIONS, EXTREME_KEYS.size)
     feeds = gumbel_rows(k.size, vocab, np.zeros(vocab))
-    feeds["rng_key"], feeds["position"] = k, p
+    feeds["rng_counter_base"], feeds["position"] = k, p
     u = run(feeds, vocab)[2][:, :vocab]
     np.testing.assert_array_equal(u, V.hash_u(k, p, vocab))
     for r in range(k.size):
@@ -475,7 +459,7 @@ def test_noise_keys_stay_in_the_ranges_the_graph_declares():
 @given(seeds, st.sampled_from(VOCABS))
 def test_match_is_tokens_equal_draft_and_minus_one_never_matches(seed, vocab):
     rng = np.random.default_rng(seed)
-    feeds = random_feeds(rng, 12, vocab)
+    feeds = random_feeds(rng, TOPK_LIMIT, 12, vocab)
     tokens = run(feeds, vocab)[0]
     feeds["draft"] = np.where(rng.random(12) < 0.5, tokens, feeds["draft"])  # many hits
     feeds["draft"][:3] = -1
@@ -495,7 +479,7 @@ def sample_rows(feeds) -> SampleRows:
 def test_optimization_level_and_threads_change_no_bit():
     vocab = 300
     model = V.build_verify_graph(vocab, TOPK_LIMIT, debug=True).SerializeToString()
-    feeds = random_feeds(np.random.default_rng(11), 40, vocab)
+    feeds = random_feeds(np.random.default_rng(11), TOPK_LIMIT, 40, vocab)
     outs = []
     for threads, level in ((1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL), (1, ort.GraphOptimizationLevel.ORT_ENABLE_ALL), (2, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)):
         opts = ort.SessionOptions()

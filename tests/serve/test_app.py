@@ -15,7 +15,7 @@ from sf_trt.abi import Sampling, SamplingParams
 from sf_trt.engine_loop import LoopConfig
 from sf_trt.fake import FakePrimitives
 from sf_trt.generate import Generator
-from sf_trt.scheduler import Request, choice_key
+from sf_trt.scheduler import DraftPolicy, Request, choice_key
 
 from servers import FAKE, TOK, POISON, FaultyFake, SlowFake, live_server, wait_for
 
@@ -76,6 +76,31 @@ def test_speculation_on_and_off_give_the_same_answer_and_usage_counts_the_drafts
     assert plain == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
     assert spec["num_draft_tokens"] > 0 and 0 < spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
     assert spec["num_draft_tokens"] <= 4 * spec["num_drafts"]
+
+
+def test_every_drafter_gives_the_plain_answer_and_the_suffix_corpus_is_scoped_by_user():
+    """``sf_trt.speculate`` names any drafter; the suffix drafter's corpus is per ``user``:
+    a request drafts from the same user's earlier ones, never from another user's. (The
+    policy drafts every tick here, so the drafts depend on the corpus alone.)"""
+    prompt = "a quick brown fox jumps over a lazy dog; then it naps by the old oak tree"
+    with live_server(config=LoopConfig(policy=DraftPolicy())) as live, \
+            openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=30, max_retries=0) as client:
+        _check_drafters_and_scopes(client, prompt)
+
+
+def _check_drafters_and_scopes(client, prompt: str) -> None:
+    def ask(speculate: str, user: str):
+        r = client.completions.create(model="fake", prompt=prompt, max_tokens=48, temperature=0.8, seed=9, user=user,
+                                      extra_body={"sf_trt": {"speculate": speculate}})
+        return r.choices[0].text, r.usage.model_extra["sf_trt"]["num_accepted_tokens"]
+
+    plain, _ = ask("none", "u0")
+    assert ask("prompt-lookup", "u0")[0] == plain
+    first_a = ask("suffix", "tenant-a")
+    again_a = ask("suffix", "tenant-a")  # drafts from tenant-a's first answer too
+    first_b = ask("suffix", "tenant-b")  # tenant-a's text is not in tenant-b's corpus
+    assert first_a[0] == again_a[0] == first_b[0] == plain
+    assert again_a[1] > first_a[1] and first_b[1] == first_a[1]
 
 
 def test_n_choices_are_independent_streams_keyed_by_seed_and_index(client):

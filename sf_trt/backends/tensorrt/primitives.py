@@ -211,7 +211,7 @@ class TensorRTPrimitives(PrimitivesBase):
         tokens dropped); a pass of more than ``R`` rows is several runs."""
         dev, k, size = self._dev, sample.num_rows, self._verify_rows
         tokens, match = np.zeros(k, np.int64), np.zeros(k, bool)
-        host = sample_feeds(sample) if k else {}  # the fields, and the noise keys made from rng_key and position
+        host = sample_feeds(sample) if k else {}  # the fields, and the noise keys made from rng_counter_base and position
         for lo in range(0, k, size):
             m = min(size, k - lo)
             dev.put(self._staging, (slice(0, m),), logits[lo : lo + m])

@@ -100,7 +100,7 @@ def test_stand_in_verify_draws_and_matches():
     k = 3
     sample = SampleRows(
         mode=np.full(k, int(Sampling.GPU_GREEDY), np.int64), temperature=np.ones(k, np.float32),
-        top_p=np.ones(k, np.float32), top_k=np.zeros(k, np.int64), rng_key=np.zeros(k, np.int64),
+        top_p=np.ones(k, np.float32), top_k=np.zeros(k, np.int64), rng_counter_base=np.zeros(k, np.int64),
         position=np.arange(1, 4, dtype=np.int64), draft=np.array([int(host[0].argmax()), -1, 0], np.int64),
     )
     tokens, match = p.verify_sample(logits, sample)

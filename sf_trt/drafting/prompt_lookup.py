@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from .abi import Status, StatusError
+from ..abi import Status, StatusError
+from .base import DraftCap, DrafterBase, check_draft_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,10 +26,8 @@ class PromptLookupConfig:
 
     ``ngram_max``/``ngram_min``: the suffix sizes tried, longest first.
     ``max_draft``: the most draft tokens a lane sends for verification in one pass.
-    ``adaptive``: shrink a lane's drafts after rejections (next cap = accepted + 1)
-    and grow them back (doubling) after a fully accepted draft; after drafts that
-    are rejected outright, skip drafting for 1, 2 .. ``max_backoff`` (4) steps. A lane
-    whose text does not repeat stops paying for verify rows it never uses.
+    ``adaptive``/``max_backoff``: adapt the draft length to acceptance, and back
+    off after drafts rejected outright (:class:`~sf_trt.drafting.base.DraftCap`).
     """
 
     ngram_max: int = 4
@@ -43,30 +42,21 @@ class PromptLookupConfig:
                 Status.REGISTRATION_REFUSED,
                 f"PromptLookupConfig: need 1 <= ngram_min <= ngram_max <= 64 (got {self.ngram_min}, {self.ngram_max})",
             )
-        if not 1 <= self.max_draft <= 256:
-            raise StatusError(
-                Status.REGISTRATION_REFUSED, f"PromptLookupConfig: max_draft must be in 1..256 (got {self.max_draft})"
-            )
+        check_draft_config("PromptLookupConfig", self.max_draft, self.max_backoff)
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(DrafterBase):
     """An incremental n-gram index over one lane's history (prompt and output)."""
 
-    __slots__ = ("_cfg", "_history", "_latest_end", "draft_cap", "_misses", "_cooldown")
+    __slots__ = ("_cfg", "_latest_end")
 
     def __init__(self, cfg: PromptLookupConfig, history: Iterable[int] = ()) -> None:
         self._cfg = cfg
         self._history: list[int] = []
         # _latest_end[n - n_min][ngram] = e: history[e-n+1 .. e] == ngram, e <= len - 2.
         self._latest_end: list[dict[tuple[int, ...], int]] = [{} for _ in range(cfg.ngram_min, cfg.ngram_max + 1)]
-        self.draft_cap = cfg.max_draft
-        self._misses = 0  # drafts in a row rejected outright
-        self._cooldown = 0  # steps left without drafting
+        self._cap = DraftCap(cfg.max_draft, cfg.adaptive, cfg.max_backoff)
         self.extend(history)
-
-    @property
-    def history_len(self) -> int:
-        return len(self._history)
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append tokens to the history, indexing the n-grams that become 'earlier'."""
@@ -90,8 +80,7 @@ class PromptLookupDrafter:
         h = self._history
         if max_len <= 0 or not h:
             return []
-        if self._cooldown:  # one call per decode step: backing off after misses
-            self._cooldown -= 1
+        if self._cap.backing_off():  # one call per decode step
             return []
         n_min = self._cfg.ngram_min
         for i in range(len(self._latest_end) - 1, -1, -1):
@@ -103,16 +92,5 @@ class PromptLookupDrafter:
                 return h[end + 1 : end + 1 + max_len]
         return []
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        """Adapt the lane's draft cap to how much of its last draft was taken."""
-        if not self._cfg.adaptive or proposed == 0:
-            return
-        if accepted >= proposed:
-            self.draft_cap = min(self._cfg.max_draft, max(1, self.draft_cap) * 2)
-        else:
-            self.draft_cap = max(1, accepted + 1)
-        if accepted == 0:
-            self._misses += 1
-            self._cooldown = min(self._cfg.max_backoff, 1 << (self._misses - 1))
-        else:
-            self._misses = 0
+    def retire(self) -> None:
+        """Nothing outlives a prompt-lookup lane."""
