@@ -23,6 +23,20 @@ PROMPTS = [
 ]
 
 
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """A Ray head started in this process installs SIGTERM/SIGINT handlers and leaves them after
+    shutdown: put the test process's back (other tests check what SIGTERM does)."""
+    import signal
+
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,8 @@ import time
 import httpx
 import pytest
 
-from ray_serving import answer, answer_all, bodies, by_replica, deployed, free_port, ray_args, replica_states, same, single_process, wait_until
+from ray_serving import (answer, answer_all, bodies, by_replica, deployed, free_port, ray_args, replica_states, same, signal_handlers_kept,
+                         single_process, wait_until)
 
 from sf_trt.cli import main
 from sf_trt.cli.errors import CliError
@@ -34,16 +35,17 @@ def ray_url():
 
     before = os.environ.get(PROXY_CALLBACK_ENV)
     args = argparse.Namespace(host="127.0.0.1", port=free_port(), ray_address=None)
-    t0 = time.monotonic()
-    ray, serve, _ = start_ray(args, num_cpus=4, log_to_driver=False)
-    print(f"ray cluster and serve up in {time.monotonic() - t0:.1f}s")
-    try:
-        yield f"http://127.0.0.1:{args.port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        if before is None:
-            os.environ.pop(PROXY_CALLBACK_ENV, None)
+    with signal_handlers_kept():
+        t0 = time.monotonic()
+        ray, serve, _ = start_ray(args, num_cpus=4, log_to_driver=False)
+        print(f"ray cluster and serve up in {time.monotonic() - t0:.1f}s")
+        try:
+            yield f"http://127.0.0.1:{args.port}"
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+            if before is None:
+                os.environ.pop(PROXY_CALLBACK_ENV, None)
 
 
 # -- flags -------------------------------------------------------------------------------------------

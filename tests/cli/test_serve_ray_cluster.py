@@ -16,9 +16,16 @@ import time
 import httpx
 import pytest
 
-from ray_serving import answer_all, bodies, by_replica, deployed, free_port, ray_args, replica_states, same, single_process, wait_until
+from ray_serving import (answer_all, bodies, by_replica, deployed, free_port, ray_args, replica_states, same, signal_handlers_kept,
+                         single_process, wait_until)
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[test,ray]')")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept():
+    with signal_handlers_kept():
+        yield
 
 
 def test_two_nodes_one_dies_under_load_survivors_answer_the_rest_fail_clearly_and_retry_identically():
