@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from typing import Any, Iterator, Optional
 
 import httpx
 
+from cli_run import free_port  # noqa: F401 - the Ray tests' ports
 from servers import live_server
 
 PROMPTS = [
@@ -35,12 +35,6 @@ def signal_handlers_kept() -> Iterator[None]:
     finally:
         for sig, handler in kept.items():
             signal.signal(sig, handler)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ray_args(*flags: str):

@@ -9,13 +9,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 import httpx
 import pytest
 
+from cli_run import serve
 from ray_serving import (answer_all, bodies, by_replica, deployed, free_port, ray_args, replica_states, same, signal_handlers_kept,
                          single_process, wait_until)
 
@@ -102,25 +102,11 @@ def test_two_nodes_one_dies_under_load_survivors_answer_the_rest_fail_clearly_an
 
 
 def test_the_command_starts_a_local_cluster_serves_and_takes_it_all_down_on_sigterm():
-    port = free_port()
     tmp = tempfile.mkdtemp(prefix="sfray", dir="/tmp")  # short: Ray's socket paths live under it
-    env = {**os.environ, "RAY_TMPDIR": tmp, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sf_trt.cli", "serve", "--ray", "--backend", "fake", "--replicas", "2", "--replica-cpus", "0.5",
-         "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    proc, url = serve("--ray", "--replicas", "2", "--replica-cpus", "0.5", timeout_s=120, env={"RAY_TMPDIR": tmp})
     try:
-        def up() -> bool:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                return httpx.get(f"{url}/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        took = wait_until(up, 120, "sf-trt serve --ray healthy", poll_s=0.5)
-        print(f"sf-trt serve --ray healthy after {took:.1f}s")
+        print(f"sf-trt serve --ray healthy after {time.monotonic() - t0:.1f}s")
         body = {"prompt": "abc abc abc", "max_tokens": 8, "seed": 1, "temperature": 0.8}
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
         assert httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"] == "fake"
