@@ -49,13 +49,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=ranged(int, 1, what="threads >= 1"), default=None,
                    help="onnxruntime intra-op threads (default: one per core; more than the cores is capped, with a note)")
     g.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS,
-                   help=f"{DEFAULT_WEIGHTS} (default: per-channel int8 weights, onnxruntime's 8-bit kernels) or float32 "
-                   "(the GGUF dequantized as it is); speculative == plain under either")
+                   help=f"{DEFAULT_WEIGHTS} (default: per-channel int8 weights, onnxruntime's 8-bit kernels), float32 "
+                   "(the GGUF dequantized as it is) or q4 (the GGUF's own 4-bit blocks in onnxruntime's MatMulNBits; "
+                   "onnxruntime only); speculative == plain under each")
     g.add_argument("--max-context", type=ranged(int, 2, what="a context of >= 2 positions"), default=None,
                    help="positions per lane: prompt plus output, at most the model's context (default: the longest "
                    f"prompt plus its max tokens, rounded up to a multiple of {CONTEXT_STEP} and capped at the model's "
-                   "context; output that would run past it stops there). Attention reads the whole window every pass, "
-                   "so a tight one is faster")
+                   "context; output that would run past it stops there). On onnxruntime a pass reads keys only up to its "
+                   "largest position (rounded up to 64), so the window costs memory, not time; TensorRT engines read it whole")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[int]) -> None:

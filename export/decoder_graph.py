@@ -6,7 +6,8 @@ rows in the pass and whichever other lanes share it**. So every reduction a row
 goes through has a length and a layout that do not depend on the pass:
 
 * matmuls reduce over the model's fixed dims (hidden, ffn, head_dim);
-* attention reduces over the whole cache length ``S = max_context + 1``, every
+* attention reduces over the whole cache length ``S = max_context + 1`` (the pass
+  form: over the pass's key extent, see *Key extent*), every
   key at the index equal to its absolute position: the pass's new K/V are
   scattered (ScatterND) into the lane's cache before the scores are taken, and
   keys past the row's own position get ``-inf`` added (their softmax weight
@@ -70,6 +71,29 @@ probabilities are cast to ``C`` for the ``PV`` matmul) and the logits. With
 ``precision="fp32"`` there is no ``Cast`` at all. ``weight_dtype="int8"`` keeps
 ``DequantizeLinear`` (to float32) and casts its output to ``C``.
 
+Key extent. The pass form (the graph onnxruntime runs) reads keys ``0 .. E - 1`` only,
+``E`` the pass's largest position plus one rounded up to :data:`KEY_BLOCK` (64), at most
+``S``: a pass costs what its positions need, not the window. A row at position ``p``
+reads the same keys ``0 .. p`` whatever ``E`` is; the keys from ``p + 1`` to ``E - 1``
+get ``-inf``, so their softmax weights are exactly 0 and their products in the ``PV``
+matmul exactly 0, and adding an exact 0 changes no partial sum. What could change a
+row's bits is where its real keys fall in the kernels' vector loops: they start at key
+0 for every ``E``, and ``E`` is a multiple of every vector width onnxruntime's CPU
+kernels step by, so the real keys take the vector path at every extent
+(``tests/backends/test_row_independence.py``: extents from 64 to the whole window, the
+tiny model at two optimization levels and 1/2 threads, and the real model). Padding
+rows count too: the onnxruntime backend puts them at the positions right after their
+lane's rows (capped at the trash slot ``S - 1``), which raises ``E`` by at most the
+pass's rows per lane. The ``slots`` form (TensorRT's engines, one fixed shape) reads ``S`` keys.
+
+Weights (``weight_dtype``): ``"float32"`` (the GGUF dequantized), ``"int8"`` (per-channel
+int8, ``DequantizeLinear``) or ``"q4"``: the GGUF's own Q4_1 blocks in onnxruntime's
+contrib ``MatMulNBits`` (4-bit values, a float32 scale per block of 32, int8 compute at
+accuracy level 4); Q4_1's per-block offsets ``m`` enter as each block's input sum times
+``m + 8 d``, the block sums coming out of the same ``MatMulNBits`` (indicator rows), and
+the tied embedding and lm_head are the GGUF's Q8_0 blocks (an 8-bit ``MatMulNBits``). No
+weight is requantized. A q4 graph runs on onnxruntime only.
+
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
 ``out = x * cos + swap_pairs(x) * sin_signed``.
@@ -77,8 +101,8 @@ Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
 ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
-DequantizeLinear with int8 weights; Cast below fp32). No TopK, no bitwise ops, no
-contrib ops.
+DequantizeLinear with int8 weights; Cast below fp32; ArgMax, ReduceMax and Slice in the
+pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 weights.
 """
 
 from __future__ import annotations
@@ -88,15 +112,21 @@ import onnx
 from onnx import TensorProto, helper
 
 from sf_trt.formats.model_dir import (
-    CACHE_INPUTS, INPUTS, OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
+    CACHE_INPUTS, INPUTS, OUTPUTS, PASS_OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
 )
 from sf_trt.graphs.builder import GraphBuilder
 from sf_trt.graphs.ranges import declare_ranges
 
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
-from .quantize import quantize_int8
+from .quantize import BLOCK, Q4_HEAD_KIND, Q4_LAYER_KIND, blocks_for, quantize_int8
 
 __all__ = ["build_decoder_graph", "pass_form", "rope_tables", "COMPUTE_TYPES"]
+
+MS_DOMAIN = "com.microsoft"
+"""onnxruntime's contrib domain: ``MatMulNBits`` of the q4 export (an onnxruntime-only graph)."""
+NBITS_ACCURACY = 4
+"""``MatMulNBits``' accuracy level: 4 computes in int8, activations quantized per row and
+block of 32 (onnxruntime's fast CPU path; the int8 export runs the same through its fusion)."""
 
 COMPUTE_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 """The ONNX type of the decoder's weights, matmuls and KV cache, by precision."""
@@ -144,7 +174,10 @@ def build_decoder_graph(
     the weights, matmuls and KV cache (module docstring, *Precision*).
     """
     _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision)
+    if cache_inputs == "pass":  # the slots form, its lanes' caches taken directly (pass_form)
+        return pass_form(build_decoder_graph(cfg, weights, max_lanes, max_context, weight_dtype=weight_dtype, precision=precision))
     d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs, precision)
+    d.weights = weights
     x = d.pass_inputs(weights, max_context)
     new_kv: list[str] = []
     for i, layer in enumerate(weights.layers):
@@ -157,6 +190,14 @@ def build_decoder_graph(
     )
     return _declare_ranges(model, cfg, max_lanes, max_context)
 
+
+KEY_INDEX = "key_idx"
+"""The tensor of key positions attention reads, ``[S]`` (``[E]`` in the pass form): named so that
+:func:`pass_form` can replace it."""
+KEY_BLOCK = 64
+"""The pass form reads keys ``0 .. E - 1``, ``E`` the pass's largest position + 1 rounded up to a
+multiple of this (at most ``S``): a multiple of every vector width onnxruntime's CPU kernels step by
+(module docstring, *Key extent*)."""
 
 DECODER_MAX_LANES = 2**16
 """The lane count the decoder graph states as its bound when ``max_lanes`` is not fixed."""
@@ -174,6 +215,16 @@ def _declare_ranges(model: onnx.ModelProto, cfg: LlamaConfig, max_lanes: int | N
     return declare_ranges(model, inputs=inputs, dims=dims)
 
 
+def _block_indicator(k: int) -> np.ndarray:
+    """``MatMulNBits`` 4-bit rows ``[K / 32, K / 32, 16]`` whose row ``j`` is 1 on input block ``j``
+    and 0 elsewhere (values 9 and 8 at the default zero point 8, scale 1): ``x @ rows.T`` is the
+    sum of ``x`` over each block."""
+    nb = k // BLOCK
+    values = np.full((nb, nb, BLOCK), 8, np.uint8)
+    values[np.arange(nb), np.arange(nb)] = 9
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
 def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"build_decoder_graph: precision {precision!r} unknown (known: {', '.join(PRECISIONS)})")
@@ -181,6 +232,8 @@ def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype
         raise ValueError(f"build_decoder_graph: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     if cache_inputs not in CACHE_INPUTS:
         raise ValueError(f"build_decoder_graph: cache_inputs {cache_inputs!r} unknown (known: {', '.join(CACHE_INPUTS)})")
+    if weight_dtype == "q4" and precision != "fp32":
+        raise ValueError(f"build_decoder_graph: q4 weights compute in onnxruntime's MatMulNBits (fp32 activations); precision {precision!r} is for float32 or int8 weights")
     weights.check(cfg)
     if max_context is not None and not 1 <= max_context <= cfg.context_length:
         raise ValueError(f"build_decoder_graph: max_context {max_context} outside 1..{cfg.context_length} (the model's context length)")
@@ -203,6 +256,7 @@ class _Decoder:
         self.rep = 2 if cfg.group == 1 else 1
         self.eps, self.two = g.f32(cfg.rms_eps, "rms_eps"), g.f32(2.0, "two")
         self.swap = g.i64(np.arange(hd) ^ 1, "pair_swap")  # 1, 0, 3, 2, ...
+        self.weights: LlamaWeights | None = None  # q4: where the GGUF's own blocks are
         self.shapes = {
             "split_gu": g.i64([cfg.ffn, cfg.ffn], "split_gu"),
             "split_qk_v": g.i64([(nh + nkv) * hd, nkv * hd], "split_qk_v"),
@@ -236,6 +290,40 @@ class _Decoder:
         g.init(scale, f"{name}.scale")
         return self.to_compute(g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1), f"{name}_dq")
 
+    def linear(self, x: str, name: str, layer: LlamaLayerWeights, i: int, fields: tuple[str, ...], residual: str | None = None) -> str:
+        """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul), plus
+        ``residual`` (the float32 stream) when given."""
+        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else getattr(layer, fields[0])
+        if self.weight_dtype == "q4":
+            return self.nbits(x, name, blocks_for(self.weights, [f"layers.{i}.{f}" for f in fields], w, Q4_LAYER_KIND), residual)
+        y = self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
+        return y if residual is None else self.g.op("Add", [residual, self.to_f32(y, f"{name}_mm")], f"{name}_resid")
+
+    def nbits(self, x: str, name: str, blocks, residual: str | None = None) -> str:
+        """``x @ W.T`` (``+ residual``) for a matrix in GGML blocks, as onnxruntime's ``MatMulNBits``.
+
+        Q4_1's offsets (:meth:`GgmlBlocks.nbits`): each block's input sum times ``m + 8 d``. The
+        block sums come out of the same ``MatMulNBits``: ``K / 32`` more output columns whose
+        4-bit values are 9 inside their block and 8 (zero) elsewhere, scale 1 (exact in 4 bits),
+        so they are the sums of the very int8 activations the weights multiply; one small
+        float32 ``MatMul`` applies the offsets, added with the residual in one ``Sum``."""
+        g = self.g
+        b, scales, offsets = blocks.nbits()
+        n, k = blocks.shape
+        nb = k // BLOCK
+        if offsets is not None:
+            b = np.concatenate([b, _block_indicator(k)])
+            scales = np.concatenate([scales, np.ones(nb * nb, np.float32)])
+        y = g.op(
+            "MatMulNBits", [x, g.init(b, f"{name}.q{blocks.bits}"), g.init(scales, f"{name}.scale")], f"{name}_mm",
+            domain=MS_DOMAIN, K=k, N=b.shape[0], bits=blocks.bits, block_size=BLOCK, accuracy_level=NBITS_ACCURACY,
+        )
+        if offsets is None:
+            return y if residual is None else g.op("Add", [residual, y], f"{name}_resid")
+        y, sums = g.op("Split", [y, g.i64([n, nb])], f"{name}_split", n_out=2, axis=-1)
+        off = g.op("MatMul", [sums, g.init(offsets, f"{name}.offset")], f"{name}_offsets")
+        return g.op("Sum", [y, off] + ([residual] if residual is not None else []), f"{name}_q41")
+
     def rms_norm(self, x: str, weight: str, stem: str) -> str:
         """RMSNorm of the float32 rows ``x``, in float32, cast to the compute type after its weight."""
         # Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul: the pattern onnxruntime fuses.
@@ -243,6 +331,24 @@ class _Decoder:
         ms = g.op("ReduceMean", [g.op("Pow", [x, self.two], f"{stem}_sq")], f"{stem}_ms", axes=[-1], keepdims=1)
         rms = g.op("Sqrt", [g.op("Add", [ms, self.eps], f"{stem}_mseps")], f"{stem}_rms")
         return self.to_compute(g.op("Mul", [g.op("Div", [x, rms], f"{stem}_normed"), weight], stem), stem)
+
+    def embedding(self, weights: LlamaWeights) -> str:
+        """The pass's rows of the token embedding, float32 ``[B, T, H]``. With q4 weights the
+        table is the Q8_0 blocks (shared with a tied lm_head), dequantized row by row as
+        gathered: ``(b - 128) * d``, exactly the GGUF's values."""
+        g = self.g
+        if self.weight_dtype != "q4":
+            self.weight(weights.tok_embd, "tok_embd")
+            return self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed")
+        blocks = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND)
+        b, scales, _ = blocks.nbits()  # [V, nb, 32] uint8, [V * nb]
+        nb = b.shape[1]
+        g.init(b, "tok_embd.q8")
+        g.init(scales, "tok_embd.scale")
+        q = g.op("Cast", [g.op("Gather", ["tok_embd.q8", "input_ids"], "embed_q", axis=0)], "embed_qf", to=TensorProto.FLOAT)  # [B, T, nb, 32]
+        d = g.op("Gather", [g.op("Reshape", ["tok_embd.scale", g.i64([-1, nb, 1])], "embed_scales"), "input_ids"], "embed_d", axis=0)  # [B, T, nb, 1]
+        rows = g.op("Mul", [g.op("Sub", [q, g.f32(128.0)], "embed_centred"), d], "embed_blocks")
+        return g.op("Reshape", [rows, g.i64([0, 0, self.cfg.hidden])], "embed")
 
     def rope(self, x: str, stem: str) -> str:
         """x [B, T, heads, hd] rotated pairwise by position (cos/sin [B, T, heads, hd])."""
@@ -259,11 +365,10 @@ class _Decoder:
         cos_tab, sin_tab = rope_tables(cfg, table_len)
         self.weight(cos_tab, "rope_cos")
         self.weight(sin_tab, "rope_sin")
-        self.weight(weights.tok_embd, "tok_embd")
         neg_inf = g.f32(-np.inf, "neg_inf")
         zero, one = g.i64(0, "zero"), g.i64(1, "one")
         self.ax2 = ax2 = g.i64([2], "axis2")
-        x = self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed")  # [B, T, H] float32
+        x = self.embedding(weights)  # [B, T, H] float32
         # rotary rows for q and k heads at once, the attention scale folded into q's
         head_scale = self.weight(np.r_[np.full(nh, 1.0 / np.sqrt(hd)), np.ones(nkv)].reshape(nh + nkv, 1), "head_scale")
         self.cos, self.sin = (
@@ -275,9 +380,9 @@ class _Decoder:
         self.t_dim = t_dim = g.op("Shape", ["input_ids"], "t_dim", start=1, end=2)  # [1]
         if max_context is None:  # S symbolic: the key index from the cache's shape
             s_scalar = g.op("Gather", [g.op("Shape", ["past_key_0"], "cache_shape"), g.i64(2, "two_i")], "s_scalar", axis=0)  # []
-            key_idx = g.op("Range", [zero, s_scalar, one], "key_idx")  # [S]
+            key_idx = g.named("Range", [zero, s_scalar, one], KEY_INDEX)  # [S]
         else:  # a constant (onnxruntime's shape inference refuses a Range over a static shape's dim)
-            key_idx = g.i64(np.arange(max_context + 1), "key_idx")  # [S]
+            key_idx = g.i64(np.arange(max_context + 1), KEY_INDEX)  # [S]
         # query row g*T + t of a KV group has the position of row t: tile positions
         pos_b1t1 = g.op("Unsqueeze", ["positions", g.i64([1, 3], "axes13")], "pos_b1t1")
         pos_q = g.op("Tile", [pos_b1t1, g.i64([1, 1, self.rep * grp, 1], "tile_grp")], "pos_q")
@@ -298,15 +403,11 @@ class _Decoder:
     def layer(self, i: int, layer: LlamaLayerWeights, x: str, new_kv: list[str]) -> str:
         """One decoder layer over the rows ``x`` ``[B, T, H]``; appends its K and V to ``new_kv``."""
         g, shapes, p = self.g, self.shapes, f"l{i}"
-        w_qkv = self.matrix(f"{p}.w_qkv", np.concatenate([layer.wq, layer.wk, layer.wv], axis=0))  # [H, (nh+2nkv)hd]
-        w_o = self.matrix(f"{p}.w_o", layer.wo)
-        w_gu = self.matrix(f"{p}.w_gate_up", np.concatenate([layer.w_gate, layer.w_up], axis=0))  # [H, 2F]
-        w_down = self.matrix(f"{p}.w_down", layer.w_down)
         g.init(layer.attn_norm, f"{p}.attn_norm")  # norm weights stay float32, as the norm does
         g.init(layer.ffn_norm, f"{p}.ffn_norm")
 
         h = self.rms_norm(x, f"{p}.attn_norm", f"{p}_attn_norm")
-        qk, v = g.op("Split", [g.op("MatMul", [h, w_qkv], f"{p}_qkv"), shapes["split_qk_v"]], f"{p}_split", n_out=2, axis=-1)
+        qk, v = g.op("Split", [self.linear(h, f"{p}.w_qkv", layer, i, ("wq", "wk", "wv")), shapes["split_qk_v"]], f"{p}_split", n_out=2, axis=-1)
         qk = self.rope(g.op("Reshape", [qk, shapes["qk"]], f"{p}_qk4"), f"{p}_qk_rot")  # [B, T, nh+nkv, hd]
         q, k = g.op("Split", [qk, shapes["split_q_k"]], f"{p}_q_k", n_out=2, axis=2)  # q scaled by 1/sqrt(hd)
         v = g.op("Reshape", [v, shapes["kv"]], f"{p}_v4")  # [B, T, nkv, hd]
@@ -328,11 +429,11 @@ class _Decoder:
         if self.rep > 1:
             attn = g.op("Slice", [attn, self.zero1, self.q_rows, self.ax2], f"{p}_attn_once")
         attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shapes["heads"]], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shapes["merge"]], f"{p}_attn_m")
-        x = g.op("Add", [x, self.to_f32(g.op("MatMul", [attn, w_o], f"{p}_o"), f"{p}_o")], f"{p}_resid1")  # float32 stream
+        x = self.linear(attn, f"{p}.w_o", layer, i, ("wo",), residual=x)  # float32 stream
         h = self.rms_norm(x, f"{p}.ffn_norm", f"{p}_ffn_norm")
-        gate, up = g.op("Split", [g.op("MatMul", [h, w_gu], f"{p}_gu"), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
+        gate, up = g.op("Split", [self.linear(h, f"{p}.w_gate_up", layer, i, ("w_gate", "w_up")), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}_sig")], f"{p}_silu"), up], f"{p}_act")
-        return g.op("Add", [x, self.to_f32(g.op("MatMul", [act, w_down], f"{p}_down"), f"{p}_down")], f"{p}_resid2")
+        return self.linear(act, f"{p}.w_down", layer, i, ("w_down",), residual=x)
 
     def head(self, weights: LlamaWeights, x: str) -> None:
         """The logits of the wanted rows only: gathered *before* the final norm and the lm_head."""
@@ -344,7 +445,15 @@ class _Decoder:
         logits, out = "logits", None
         if self.ct != TensorProto.FLOAT:
             logits, out = "logits_c", "logits"  # the lm_head in C, the logits cast to float32
-        if self.weight_dtype == "int8":
+        if self.weight_dtype == "q4":
+            if weights.lm_head is None:  # tied: the embedding's Q8_0 blocks
+                n, k = cfg.vocab, cfg.hidden
+                g.named("MatMulNBits", [hn, "tok_embd.q8", "tok_embd.scale"], logits, domain=MS_DOMAIN, K=k, N=n, bits=8,
+                        block_size=BLOCK, accuracy_level=NBITS_ACCURACY)
+            else:
+                out_rows = self.nbits(hn, "lm_head", blocks_for(weights, ["lm_head"], weights.lm_head, Q4_HEAD_KIND))
+                g.named("Identity", [out_rows], logits)
+        elif self.weight_dtype == "int8":
             g.named("MatMul", [hn, self.matrix("lm_head", weights.output_matrix())], logits)
         elif weights.lm_head is None:
             g.named("Gemm", [hn, "tok_embd"], logits, transB=1)
@@ -382,8 +491,13 @@ def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs, precision) -> tu
 
 
 def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the
-    caches of the pass's lanes as inputs (see the module docstring).
+    """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the caches of the
+    pass's lanes as inputs, and attention over the pass's key extent only (module docstring,
+    *Key extent*): each cache is sliced to its first ``E`` positions where the slots form gathers
+    its lanes, and the key index is ``0 .. E - 1``. One more output
+    (:data:`~sf_trt.formats.model_dir.PASS_OUTPUTS`): each logit row's greedy token, so a greedy
+    step needs no second run. (Not its largest value: onnxruntime's ``ReduceMax`` passes over a
+    NaN, which the row check must see.)
 
     Works on the graph alone (initializers are shared, never copied), so it can
     be applied to a graph loaded without its external data.
@@ -392,21 +506,22 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     if "lane_ids" not in {i.name for i in graph.input}:
         raise ValueError("pass_form: the graph has no lane_ids input (already the pass form?)")
     caches = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
-    gathers = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
+    gathers = {n.output[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
     out = onnx.ModelProto()
     out.ir_version, out.producer_name = model.ir_version, model.producer_name
     out.opset_import.extend(model.opset_import)
     g = out.graph
     g.name = graph.name
-    g.initializer.extend(graph.initializer)
+    g.initializer.extend(t for t in graph.initializer if t.name != KEY_INDEX)
+    g.node.extend(_key_extent_nodes(next(iter(sorted(caches)))))
     for node in graph.node:
-        if node.output[0] in gathers:
+        if node.output[0] == KEY_INDEX:
             continue
         new = g.node.add()
-        new.CopyFrom(node)
-        for k, name in enumerate(new.input):
-            if name in gathers:
-                new.input[k] = gathers[name]
+        if node.output[0] in gathers:  # lanes' caches -> the pass's caches up to the key extent
+            new.CopyFrom(helper.make_node("Slice", [node.input[0], "pass_zero1", "key_extent_1", "pass_axis2"], [node.output[0]], name=node.name))
+        else:
+            new.CopyFrom(node)
     for vi in graph.input:
         if vi.name == "lane_ids":
             continue
@@ -416,5 +531,30 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
             new.type.tensor_type.shape.dim[0].Clear()
             new.type.tensor_type.shape.dim[0].dim_param = "batch"
     g.output.extend(graph.output)
+    (greedy,) = PASS_OUTPUTS  # what a greedy sampler computes, in the same run
+    g.node.append(helper.make_node("ArgMax", [OUTPUTS[0]], [greedy], name=greedy, axis=1, keepdims=0, select_last_index=0))
+    g.output.append(helper.make_tensor_value_info(greedy, TensorProto.INT64, ["logit_rows"]))
     out.metadata_props.extend(model.metadata_props)
     return out
+
+
+def _key_extent_nodes(cache: str) -> list[onnx.NodeProto]:
+    """``E = min(S, (max(positions) + KEY_BLOCK) div KEY_BLOCK * KEY_BLOCK)`` (``S`` the cache
+    input's length), ``key_extent_1 = [E]``, and ``key_idx = 0 .. E - 1``; integers below ``S``."""
+    def const(name: str, value) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
+
+    make = helper.make_node
+    return [
+        const("pass_zero", 0), const("pass_one", 1), const("pass_block", KEY_BLOCK), const("pass_zero1", [0]),
+        const("pass_axis2", [2]), const("pass_two", 2),
+        make("Shape", [cache], ["pass_cache_shape"], name="pass_cache_shape"),
+        make("Gather", ["pass_cache_shape", "pass_two"], ["pass_cache_len"], name="pass_cache_len", axis=0),  # S
+        make("ReduceMax", ["positions"], ["pass_last"], name="pass_last", keepdims=0),
+        make("Add", ["pass_last", "pass_block"], ["pass_last_up"], name="pass_last_up"),
+        make("Div", ["pass_last_up", "pass_block"], ["pass_blocks"], name="pass_blocks"),
+        make("Mul", ["pass_blocks", "pass_block"], ["pass_blocked"], name="pass_blocked"),
+        make("Min", ["pass_blocked", "pass_cache_len"], ["key_extent"], name="key_extent"),
+        make("Unsqueeze", ["key_extent", "pass_zero1"], ["key_extent_1"], name="key_extent_1"),
+        make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),
+    ]

@@ -61,6 +61,10 @@ class LlamaWeights:
     layers: list[LlamaLayerWeights]
     output_norm: np.ndarray  # [hidden]
     lm_head: np.ndarray | None = None  # [vocab, hidden]
+    blocks: dict[str, tuple[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+    """The GGUF's own bytes of the matrices it stores in a block type the 4-bit export carries
+    (``Q4_1``, ``Q8_0``): ``{"tok_embd" | "lm_head" | "layers.<i>.<field>": (type name, raw uint8
+    [out, bytes per row])}``; the float32 arrays above are their dequantization."""
 
     def output_matrix(self) -> np.ndarray:
         """The ``[vocab, hidden]`` matrix the logits are computed with."""
@@ -272,6 +276,25 @@ _LAYER_TENSORS = {
 }
 
 
+_BLOCK_TYPES = ("Q4_1", "Q8_0")
+
+
+def _field_names(n_layers: int) -> dict[str, str]:
+    """GGUF tensor name -> :attr:`LlamaWeights.blocks` key, for the matrices."""
+    out = {"token_embd.weight": "tok_embd", "output.weight": "lm_head"}
+    for i in range(n_layers):
+        for field, g in _LAYER_TENSORS.items():
+            if field.startswith("w"):
+                out[f"blk.{i}.{g}.weight"] = f"layers.{i}.{field}"
+    return out
+
+
+def _raw_blocks(tensor) -> np.ndarray:
+    """A block-quantized matrix's bytes, uint8 ``[out, bytes per row]``, as stored (a copy: the reader maps the file)."""
+    data = np.asarray(tensor.data)
+    return np.ascontiguousarray(data.reshape(int(tensor.shape[-1]), -1) if data.ndim != 2 else data, dtype=np.uint8)
+
+
 def load_gguf(
     path: Any, progress: bool | Callable[[Iterable], Iterable] = False
 ) -> tuple[LlamaConfig, LlamaWeights]:
@@ -295,9 +318,11 @@ def load_gguf(
         names = progress(wanted)
     try:
         arrays = {name: _dequantize(reader, by_name[name]) for name in names}
+        raw = {name: (by_name[name].tensor_type.name, _raw_blocks(by_name[name])) for name in wanted if by_name[name].tensor_type.name in _BLOCK_TYPES}
     finally:
         if hasattr(names, "close"):
             names.close()  # a bar left open prints itself after the error message
+    field_of = _field_names(cfg.n_layers)
     layers = [
         LlamaLayerWeights(**{field: arrays[f"blk.{i}.{g}.weight"] for field, g in _LAYER_TENSORS.items()})
         for i in range(cfg.n_layers)
@@ -307,6 +332,7 @@ def load_gguf(
         layers=layers,
         output_norm=arrays["output_norm.weight"],
         lm_head=None if cfg.tied_embeddings else arrays["output.weight"],
+        blocks={field_of[name]: value for name, value in raw.items() if name in field_of},
     )
     try:
         weights.check(cfg)

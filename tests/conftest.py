@@ -120,6 +120,17 @@ def tiny_int8_model_dir(tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_q4_model_dir(tiny, tmp_path_factory):
+    """The tiny model with q4 weights (Q4_1 layer matrices, a Q8_0 embedding and lm_head, in MatMulNBits)."""
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
+
+    cfg, weights = tiny
+    graph = build_decoder_graph(cfg, weights, weight_dtype="q4")
+    return write_model_dir(tmp_path_factory.mktemp("tinyq4") / "model", cfg, graph, weight_dtype="q4")
+
+
+@pytest.fixture(scope="session")
 def tiny_fp16_model_dir(tiny, tmp_path_factory):
     """The tiny model exported with fp16 compute (weights, matmuls and KV cache in float16)."""
     from sf_trt.export.decoder_graph import build_decoder_graph
@@ -168,6 +179,14 @@ def real_int8_model_dir(real_gguf):
     from sf_trt.export.pipeline import default_model_dir
 
     return default_model_dir(progress=False, weight_dtype="int8")
+
+
+@pytest.fixture(scope="session")
+def real_q4_model_dir(real_gguf):
+    """The real model exported with q4 weights: the GGUF's own Q4_1 and Q8_0 blocks."""
+    from sf_trt.export.pipeline import default_model_dir
+
+    return default_model_dir(progress=False, weight_dtype="q4")
 
 
 @pytest.fixture(scope="session")

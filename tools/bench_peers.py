@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
-"""Peer benchmark: HF transformers greedy decoding, plain and with prompt lookup.
+"""Peer benchmark: HF transformers and llama.cpp greedy decoding, plain and with prompt lookup.
 
-Runs SmolLM2-135M-Instruct (the same Q4_1 GGUF sf_trt uses, dequantized by
-transformers to fp32) on the CPU over the bench prompts
-(``tools/prompts/bench.jsonl``), each prompt twice after a warmup:
+Runs SmolLM2-135M-Instruct (the same Q4_1 GGUF sf_trt uses) on the CPU over the
+bench prompts (``tools/prompts/bench.jsonl``), with each peer of ``--peers``:
+
+* ``hf``: HF transformers, the GGUF dequantized to fp32 (torch);
+* ``llama.cpp``: llama.cpp through llama-cpp-python, the GGUF as shipped (Q4_1
+  weights, Q8_0 embedding; its KV cache f16 by default), ``n_threads`` and
+  ``n_threads_batch`` both ``--threads``;
+
+each prompt twice after a warmup:
 
 * plain greedy decoding, ``max_tokens`` new tokens;
-* greedy decoding with prompt lookup (``prompt_lookup_num_tokens=10``).
+* greedy decoding with prompt lookup (HF: ``prompt_lookup_num_tokens``;
+  llama.cpp: ``LlamaPromptLookupDecoding(num_pred_tokens)``; both ``--lookup-tokens``, 10).
 
-EOS does not end a run early (``min_new_tokens = max_new_tokens``) unless
-``--allow-eos``. It reports tokens/s (new tokens over the whole ``generate()``
-call, prefill included) and whether HF's prompt-lookup output equals its own
-plain output token for token (and the first index where it does not), prints a
+EOS does not end a run early (HF: ``min_new_tokens = max_new_tokens``;
+llama.cpp: its token generator is read for exactly ``max_tokens`` tokens) unless
+``--allow-eos``. It reports tokens/s (new tokens over the whole call, prefill
+included) and whether each peer's prompt-lookup output equals its own plain
+output token for token (and the first index where it does not), prints a
 table and writes JSON (``--json``, default ``bench_peers.json``).
 
 For fairness the prompt token ids are sf_trt's own (``sf_trt.tokenizer`` built
@@ -19,21 +27,26 @@ from the same GGUF, same chat template) whenever sf_trt is importable; HF's
 chat-template ids are computed too and the JSON records both counts and whether
 they agree.
 
-``--sf-trt`` also runs ``sf-trt bench --prompts FILE --json`` in the same run
-and adds ratio columns (sf_trt plain / HF plain, sf_trt spec / HF prompt
-lookup); ``--sf-trt-json PATH`` merges a saved ``sf-trt bench --json`` output
-instead.
+``--sf-trt`` also runs ``sf-trt bench --prompts FILE --json`` in the same run,
+one prompt at a time right after the peers ran that prompt (so a change in the
+machine's load hits sf_trt and the peers alike), and adds ratio columns (sf_trt
+plain / each peer's plain, sf_trt spec / each peer's prompt lookup);
+``--sf-trt-json PATH`` merges a saved ``sf-trt bench --json`` output instead.
 
-torch and transformers are not sf_trt dependencies: install them in a separate
-environment, e.g.::
+The peers are not sf_trt dependencies: install them in a separate environment,
+e.g.::
 
     python3 -m venv /work/peers-venv
     /work/peers-venv/bin/pip install torch==2.13.0    # the CPU build
     /work/peers-venv/bin/pip install transformers accelerate gguf numpy
+    /work/peers-venv/bin/pip install llama-cpp-python  # builds llama.cpp from source (~30 min on 2 cores)
     /work/peers-venv/bin/python tools/bench_peers.py --threads 2
 
-Exit status: 0 done, 2 a missing prerequisite (torch / transformers /
-accelerate / gguf, or the GGUF file), 1 any other failure.
+A peer whose packages are missing is left out with a note (``--peers`` names the
+ones to run); none left is exit 2.
+
+Exit status: 0 done, 2 a missing prerequisite (no peer importable, or the GGUF
+file), 1 any other failure.
 """
 
 from __future__ import annotations
@@ -64,29 +77,82 @@ class Missing(Exception):
     """A prerequisite is missing (exit 2)."""
 
 
-# -- prerequisites -------------------------------------------------------------
+# -- peers -------------------------------------------------------------------
 
 
-def import_peers():
-    """(torch, transformers), or Missing with what to install."""
-    missing = []
-    mods = {}
-    for name in ("torch", "transformers", "accelerate", "gguf"):
-        try:
-            mods[name] = __import__(name)
-        except ImportError:
-            missing.append(name)
-    if missing:
-        raise Missing(
-            f"missing Python package(s): {', '.join(missing)}. This peer benchmark needs torch and transformers "
-            "(plus accelerate and gguf, which transformers needs to load a GGUF file); they are not sf_trt "
-            "dependencies. Install them in a separate environment, e.g.\n"
-            "    python3 -m venv /work/peers-venv\n"
-            "    /work/peers-venv/bin/pip install torch==2.13.0   # the CPU build\n"
-            "    /work/peers-venv/bin/pip install transformers accelerate gguf numpy\n"
-            "and run it with that interpreter: /work/peers-venv/bin/python tools/bench_peers.py ..."
-        )
-    return mods["torch"], mods["transformers"]
+PEERS = ("hf", "llama.cpp")
+
+
+class HFPeer:
+    """HF transformers on torch: the GGUF dequantized to fp32, ``generate()`` with or without
+    ``prompt_lookup_num_tokens``."""
+
+    name = "hf"
+    packages = ("torch", "transformers", "accelerate", "gguf")
+
+    def __init__(self, gguf: Path, threads: int) -> None:
+        import torch
+        import transformers
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+        self.tokenizer, self.model, self.eos = _load_hf(torch, transformers, gguf)
+
+    def describe(self) -> str:
+        return f"HF transformers {self.versions['transformers']} / torch {self.versions['torch']}, fp32"
+
+    def generate(self, ids: list[int], n: int, *, allow_eos: bool, lookup: int | None) -> tuple[list[int], float]:
+        return generate(self.torch, self.model, ids, n, allow_eos=allow_eos, eos=self.eos, lookup=lookup)
+
+
+class LlamaCppPeer:
+    """llama.cpp through llama-cpp-python: the GGUF as shipped, greedy (``temp=0``), plain or
+    with ``LlamaPromptLookupDecoding``; each run starts from an empty KV cache."""
+
+    name = "llama.cpp"
+    packages = ("llama_cpp",)
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int, lookup: int) -> None:
+        import llama_cpp
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.versions = {"llama_cpp_python": llama_cpp.__version__}
+        kw = dict(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=512, seed=0, verbose=False)
+        self.plain = Llama(**kw)
+        self.lookup = Llama(**kw, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=lookup))
+        self.eos = int(self.plain.token_eos())
+
+    def describe(self) -> str:
+        return f"llama.cpp (llama-cpp-python {self.versions['llama_cpp_python']}), the GGUF as shipped"
+
+    def generate(self, ids: list[int], n: int, *, allow_eos: bool, lookup: int | None) -> tuple[list[int], float]:
+        llm = self.lookup if lookup else self.plain
+        llm.reset()  # no KV-cache reuse from the previous run of the same prompt
+        out: list[int] = []
+        start = time.perf_counter()
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(tok))
+            if len(out) >= n or (allow_eos and tok == self.eos):
+                break
+        return out, time.perf_counter() - start
+
+
+def missing_packages(peer) -> list[str]:
+    """The packages of ``peer`` this interpreter cannot import."""
+    import importlib.util
+
+    return [name for name in peer.packages if importlib.util.find_spec(name) is None]
+
+
+INSTALL_HINT = (
+    "The peers are not sf_trt dependencies; install them in a separate environment, e.g.\n"
+    "    python3 -m venv /work/peers-venv\n"
+    "    /work/peers-venv/bin/pip install torch==2.13.0 transformers accelerate gguf numpy   # hf\n"
+    "    /work/peers-venv/bin/pip install llama-cpp-python                                   # llama.cpp (builds from source)\n"
+    "and run this with that interpreter: /work/peers-venv/bin/python tools/bench_peers.py ..."
+)
 
 
 def cache_root() -> Path:
@@ -156,11 +222,28 @@ def hf_prompt_ids(tok, messages) -> list[int]:
     return [int(i) for i in out]
 
 
+def _mount_export() -> None:
+    """Make ``sf_trt.export`` importable from this checkout when sf_trt is not installed in this
+    interpreter (the peers' environment): the installed package maps it onto ``export/``."""
+    import importlib.util
+
+    import sf_trt
+
+    if "sf_trt.export" in sys.modules or importlib.util.find_spec("sf_trt.export") is not None:
+        return
+    spec = importlib.util.spec_from_file_location("sf_trt.export", REPO / "export" / "__init__.py", submodule_search_locations=[str(REPO / "export")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sf_trt.export"] = module
+    sf_trt.export = module
+    spec.loader.exec_module(module)
+
+
 def sf_trt_tokenizer(gguf: Path):
     """sf_trt's own tokenizer for ``gguf``, or (None, why)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     try:
+        _mount_export()
         from sf_trt.export.gguf_llama import open_reader, read_tokenizer
 
         return read_tokenizer(open_reader(gguf)), None
@@ -263,7 +346,7 @@ def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: boo
 
 
 def merge_sf_trt(results: list[dict], doc: dict) -> int:
-    """Add sf_trt's numbers and ratios to ``results`` (by id); how many matched."""
+    """Add sf_trt's numbers and ratios to each peer's (by id) in ``results``; how many matched."""
     by_id = {str(r.get("id")): r for r in doc.get("results", []) if isinstance(r, dict)}
     matched = 0
     for res in results:
@@ -277,22 +360,18 @@ def merge_sf_trt(results: list[dict], doc: dict) -> int:
             "identical": sf.get("identical"),
             "plain_tokens_per_s": plain.get("tokens_per_s"),
             "spec_tokens_per_s": spec.get("tokens_per_s"),
+            "plain_tokens": plain.get("tokens"),
+            "spec_tokens": spec.get("tokens"),
             "proposed": spec.get("proposed"),
             "accepted": spec.get("accepted"),
             "prompt_tokens": sf.get("prompt_tokens"),
             "prompt_tokens_match": sf.get("prompt_tokens") == res["prompt_tokens"] if sf.get("prompt_tokens") is not None else None,
         }
-        for name, part in (("plain", plain), ("spec", spec)):
-            toks = part.get("tokens")
-            if isinstance(toks, list):  # ids: compare with HF's plain greedy output
-                entry[f"{name}_tokens"] = len(toks)
-                entry[f"{name}_first_diff_vs_hf_plain"] = first_diff([int(t) for t in toks], res["plain"]["ids"])
-            else:
-                entry[f"{name}_tokens"] = toks
-        hp, hl = res["plain"]["tokens_per_s"], res["lookup"]["tokens_per_s"]
         sp, ss = entry["plain_tokens_per_s"], entry["spec_tokens_per_s"]
-        entry["ratio_plain"] = sp / hp if isinstance(sp, (int, float)) and hp else None
-        entry["ratio_spec"] = ss / hl if isinstance(ss, (int, float)) and hl else None
+        for name, peer in res["peers"].items():
+            hp, hl = peer["plain"]["tokens_per_s"], peer["lookup"]["tokens_per_s"]
+            entry[f"ratio_plain_{name}"] = sp / hp if isinstance(sp, (int, float)) and hp else None
+            entry[f"ratio_spec_{name}"] = ss / hl if isinstance(ss, (int, float)) and hl else None
         res["sf_trt"] = entry
     return matched
 
@@ -310,19 +389,27 @@ def fmt(x: Any, spec: str = ".1f") -> str:
     return str(x)
 
 
-def print_table(results: list[dict], with_sf: bool) -> None:
-    head = ["id", "kind", "prompt", "new", "HF plain t/s", "HF PLD t/s", "PLD x", "PLD==plain", "1st diff"]
+def print_table(results: list[dict], peers: list[str], with_sf: bool) -> None:
+    head = ["id", "kind", "prompt", "new"]
+    for name in peers:
+        head += [f"{name} plain", f"{name} PLD", "PLD==plain"]
     if with_sf:
-        head += ["sf plain t/s", "sf spec t/s", "sf/HF plain", "sf/HF PLD", "sf ident"]
+        head += ["sf plain", "sf spec", "sf ident"]
+        for name in peers:
+            head += [f"sf/{name} plain", f"sf/{name} PLD"]
     rows = []
     for r in results:
-        hp, hl = r["plain"]["tokens_per_s"], r["lookup"]["tokens_per_s"]
-        row = [r["id"], r.get("kind", "-"), r["prompt_tokens"], r["plain"]["tokens"], fmt(hp), fmt(hl),
-               fmt(hl / hp if hp else None, ".2f"), fmt(r["identical"]), fmt(r["first_diff"])]
+        first = next(iter(r["peers"].values()))
+        row = [r["id"], r.get("kind") or "-", r["prompt_tokens"], first["plain"]["tokens"]]
+        for name in peers:
+            p = r["peers"][name]
+            row += [fmt(p["plain"]["tokens_per_s"]), fmt(p["lookup"]["tokens_per_s"]),
+                    fmt(p["identical"]) + ("" if p["identical"] else f" @{p['first_diff']}")]
         if with_sf:
             sf = r.get("sf_trt") or {}
-            row += [fmt(sf.get("plain_tokens_per_s")), fmt(sf.get("spec_tokens_per_s")),
-                    fmt(sf.get("ratio_plain"), ".2f"), fmt(sf.get("ratio_spec"), ".2f"), fmt(sf.get("identical"))]
+            row += [fmt(sf.get("plain_tokens_per_s")), fmt(sf.get("spec_tokens_per_s")), fmt(sf.get("identical"))]
+            for name in peers:
+                row += [fmt(sf.get(f"ratio_plain_{name}"), ".2f"), fmt(sf.get(f"ratio_spec_{name}"), ".2f")]
         rows.append([str(c) for c in row])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
@@ -339,20 +426,23 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help=f"prompt file, JSON lines (default {DEFAULT_PROMPTS.relative_to(REPO)})")
     ap.add_argument("--gguf", help=f"the model GGUF (default: $SF_TRT_GGUF, else {GGUF_NAME} found under $SF_TRT_CACHE or ~/.cache/sf_trt)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch.set_num_threads (default: all cores)")
+    ap.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated peers to run, of {', '.join(PEERS)} (default: all; "
+                    "one whose packages are missing here is left out with a note)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="threads of every run: torch.set_num_threads, llama.cpp's n_threads and n_threads_batch, sf-trt --threads (default: all cores)")
     ap.add_argument("--max-tokens", type=int, help="override every prompt's max_tokens")
     ap.add_argument("--allow-eos", action="store_true", help="let EOS end a run early (default: exactly max_tokens new tokens)")
-    ap.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
+    ap.add_argument("--lookup-tokens", type=int, default=10, help="draft tokens of each peer's prompt lookup (default 10)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed warmup runs of each mode before measuring (default 1)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and mode; the fastest counts (default 1)")
     ap.add_argument("--only", action="append", metavar="ID", help="run only this prompt id (repeatable)")
     ap.add_argument("--prompt-ids", choices=("auto", "sf_trt", "hf"), default="auto",
-                    help="whose prompt token ids to feed: sf_trt's tokenizer (auto: when importable) or HF's chat template")
+                    help="whose prompt token ids every peer is fed: sf_trt's tokenizer (auto: when importable) or HF's chat template")
     ap.add_argument("--json", dest="json_path", type=Path, default=Path("bench_peers.json"), help="write results here (default bench_peers.json)")
-    ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --prompts FILE --json` and add ratio columns")
+    ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --json` on each prompt right after the peers, and add ratio columns")
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
     ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
-    ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow the sf-trt run (default 3600)")
+    ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow each sf-trt run (default 3600)")
     return ap
 
 
@@ -375,53 +465,117 @@ def _load_hf(torch, transformers, gguf: Path):
     return tok, model, eos
 
 
-def _encode(prompts, tok, sf_tok) -> list[tuple]:
-    """``(prompt, ids fed, HF's ids, sf_trt's ids or None)`` per prompt."""
+def _encode(prompts, hf_tok, sf_tok) -> list[tuple]:
+    """``(prompt, ids fed, HF's ids or None, sf_trt's ids or None)`` per prompt."""
     encoded = []
     for p in prompts:
-        hf_ids = hf_prompt_ids(tok, p["messages"])
+        hf_ids = hf_prompt_ids(hf_tok, p["messages"]) if hf_tok is not None else None
         sf_ids = sf_tok.encode(sf_tok.apply_chat_template(p["messages"], add_generation_prompt=True)) if sf_tok else None
-        if sf_ids is not None and sf_ids != hf_ids:
+        if sf_ids is not None and hf_ids is not None and sf_ids != hf_ids:
             say(f"{p['id']}: HF's prompt ids differ from sf_trt's at index {first_diff(sf_ids, hf_ids)} "
                 f"({len(hf_ids)} vs {len(sf_ids)} tokens); feeding sf_trt's")
         encoded.append((p, sf_ids if sf_ids is not None else hf_ids, hf_ids, sf_ids))
     return encoded
 
 
-def _measure(torch, model, tok, eos, encoded, modes, args) -> list[dict[str, Any]]:
-    """Each prompt in each mode, the fastest of ``args.repeats`` runs."""
+def _measure(peers, encoded, modes, args, sf_turn=None) -> list[dict[str, Any]]:
+    """Each prompt with each peer in each mode, the fastest of ``args.repeats`` runs; the
+    peers take turns prompt by prompt, so a change in the machine's load hits them alike.
+    ``sf_turn(prompt)``, when given, runs sf_trt on the prompt right after the peers did."""
     results = []
     for p, ids, hf_ids, sf_ids in encoded:
         res: dict[str, Any] = {
             "id": p["id"], "kind": p.get("kind"), "max_tokens": p["max_tokens"],
             "prompt_tokens": len(ids),
             "prompt_ids_source": "sf_trt" if sf_ids is not None else "hf",
-            "prompt_tokens_hf": len(hf_ids),
+            "prompt_tokens_hf": len(hf_ids) if hf_ids is not None else None,
             "prompt_tokens_sf_trt": len(sf_ids) if sf_ids is not None else None,
-            "prompt_ids_match": (sf_ids == hf_ids) if sf_ids is not None else None,
+            "prompt_ids_match": (sf_ids == hf_ids) if sf_ids is not None and hf_ids is not None else None,
+            "peers": {},
         }
-        for name, lookup in modes:
-            best = None
-            for _ in range(args.repeats):
-                out, seconds = generate(torch, model, ids, p["max_tokens"], allow_eos=args.allow_eos, eos=eos, lookup=lookup)
-                if best is None or seconds < best[1]:
-                    best = (out, seconds)
-            out, seconds = best
-            res[name] = {"tokens": len(out), "seconds": seconds, "tokens_per_s": len(out) / seconds if seconds > 0 else None, "ids": out}
-        res["identical"] = res["lookup"]["ids"] == res["plain"]["ids"]
-        res["first_diff"] = first_diff(res["lookup"]["ids"], res["plain"]["ids"])
-        res["text"] = tok.decode(res["plain"]["ids"], skip_special_tokens=True)
+        for peer in peers:
+            runs: dict[str, Any] = {}
+            for name, lookup in modes:
+                best = None
+                for _ in range(args.repeats):
+                    out, seconds = peer.generate(ids, p["max_tokens"], allow_eos=args.allow_eos, lookup=lookup)
+                    if best is None or seconds < best[1]:
+                        best = (out, seconds)
+                out, seconds = best
+                runs[name] = {"tokens": len(out), "seconds": seconds, "tokens_per_s": len(out) / seconds if seconds > 0 else None, "ids": out}
+            runs["identical"] = runs["lookup"]["ids"] == runs["plain"]["ids"]
+            runs["first_diff"] = first_diff(runs["lookup"]["ids"], runs["plain"]["ids"])
+            res["peers"][peer.name] = runs
+            say(f"{p['id']}: {len(ids)} prompt tokens; {peer.name} plain {runs['plain']['tokens_per_s']:.1f} tok/s, "
+                f"lookup {runs['lookup']['tokens_per_s']:.1f} tok/s, identical={runs['identical']}")
+        if sf_turn is not None:
+            sf_turn(p)
         results.append(res)
-        say(f"{p['id']}: {len(ids)} prompt tokens; plain {res['plain']['tokens_per_s']:.1f} tok/s, "
-            f"lookup {res['lookup']['tokens_per_s']:.1f} tok/s, identical={res['identical']}")
     return results
 
 
-def _sf_trt_columns(results, prompts, args) -> tuple[dict[str, Any], Any]:
-    """sf_trt's bench merged into ``results`` (run now or read from --sf-trt-json): ``(status, doc)``."""
+def _open_peers(names: list[str], gguf: Path, args) -> list:
+    """The peers of ``names`` whose packages import here (the others noted); Missing when none."""
+    peers, notes = [], []
+    for name in names:
+        cls = {"hf": HFPeer, "llama.cpp": LlamaCppPeer}[name]
+        gone = missing_packages(cls)
+        if gone:
+            notes.append(f"{name}: missing Python package(s) {', '.join(gone)}")
+            continue
+        if cls is HFPeer:
+            peers.append(HFPeer(gguf, args.threads))
+        else:
+            peers.append(LlamaCppPeer(gguf, args.threads, args.n_ctx, args.lookup_tokens))
+    for note in notes:
+        say(f"left out {note}")
+    if not peers:
+        raise Missing("no peer to run (" + "; ".join(notes) + ").\n" + INSTALL_HINT)
+    return peers
+
+
+class SfTrtTurns:
+    """``sf-trt bench`` on one prompt at a time, each right after the peers ran it (so the
+    machine's load hits sf_trt and the peers alike); :meth:`doc` is their results as one
+    ``sf-trt bench --json`` object would hold them (its totals over these runs)."""
+
+    def __init__(self, cmd: list[str], args) -> None:
+        self.cmd, self.args = cmd, args
+        self.docs: list[dict] = []
+        self.notes: list[str] = []
+
+    def __call__(self, prompt: dict) -> None:
+        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout)
+        if doc is None:
+            self.notes.append(f"{prompt['id']}: {note}")
+            return
+        self.docs.append(doc)
+        sf = next(iter(doc.get("results") or []), {})
+        say(f"{prompt['id']}: sf_trt plain {fmt((sf.get('plain') or {}).get('tokens_per_s'))} tok/s, "
+            f"speculative {fmt((sf.get('spec') or {}).get('tokens_per_s'))} tok/s, identical={sf.get('identical')}")
+
+    def doc(self) -> tuple[dict | None, str]:
+        if not self.docs:
+            return None, "; ".join(self.notes) or "no sf-trt run"
+        results = [r for d in self.docs for r in d.get("results", [])]
+        totals = {}
+        for label in ("plain", "spec"):  # tokens over seconds, summed over the runs
+            runs = [(r[label]["tokens"], r[label]["tokens"] / r[label]["tokens_per_s"]) for r in results if r[label].get("tokens_per_s")]
+            totals[label] = round(sum(n for n, _ in runs) / sum(t for _, t in runs), 2) if runs else None
+        note = f"{shlex.join(self.cmd)} bench, one prompt per run, after the peers' runs of it"
+        return {"results": results, "throughput_tokens_per_s": totals, "settings": self.docs[0].get("settings")}, note + (
+            f"; failed: {'; '.join(self.notes)}" if self.notes else "")
+
+
+def _sf_trt_columns(results, prompts, args, turns: SfTrtTurns | None = None) -> tuple[dict[str, Any], Any]:
+    """sf_trt's bench merged into ``results`` (run turn by turn beside the peers, or read from
+    --sf-trt-json): ``(status, doc)``."""
     sf_status: dict[str, Any] = {"requested": bool(args.sf_trt or args.sf_trt_json)}
     doc = None
-    if args.sf_trt_json:
+    if turns is not None:
+        doc, note = turns.doc()
+        sf_status["source" if doc is not None else "note"] = note
+    elif args.sf_trt_json:
         try:
             doc = parse_json_output(args.sf_trt_json.read_text(encoding="utf-8"))
             sf_status["source"] = str(args.sf_trt_json)
@@ -430,12 +584,7 @@ def _sf_trt_columns(results, prompts, args) -> tuple[dict[str, Any], Any]:
         except OSError as exc:
             sf_status["note"] = f"{args.sf_trt_json}: {exc}"
     elif args.sf_trt:
-        cmd = shlex.split(args.sf_trt_cmd) if args.sf_trt_cmd else (["sf-trt"] if shutil.which("sf-trt") else None)
-        if cmd is None:
-            sf_status["note"] = "no `sf-trt` command on PATH (install sf_trt, or pass --sf-trt-cmd)"
-        else:
-            doc, note = run_sf_trt(cmd, prompts, args.threads, args.allow_eos, args.sf_trt_timeout)
-            sf_status["source" if doc is not None else "note"] = note
+        sf_status["note"] = "no `sf-trt` command on PATH (install sf_trt, or pass --sf-trt-cmd)"
     if doc is not None:
         sf_status["matched"] = merge_sf_trt(results, doc)
         if not sf_status["matched"]:
@@ -455,53 +604,72 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--threads, --repeats and --lookup-tokens must be >= 1, --warmup >= 0")
     if args.max_tokens is not None and args.max_tokens < 1:
         ap.error("--max-tokens must be >= 1")
+    names = [n.strip() for n in args.peers.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(PEERS))
+    if unknown or not names:
+        ap.error(f"--peers: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(PEERS)})")
     try:
-        torch, transformers = import_peers()
         gguf = find_gguf(args.gguf)
         prompts = load_prompts(args.prompts, args.only, args.max_tokens)
-        torch.set_num_threads(args.threads)
-        tok, model, eos = _load_hf(torch, transformers, gguf)
+        sf_tok, sf_why = (None, "--prompt-ids hf") if args.prompt_ids == "hf" else sf_trt_tokenizer(gguf)
+        if sf_tok is None and args.prompt_ids == "sf_trt":
+            raise Missing(f"--prompt-ids sf_trt: sf_trt's tokenizer is not usable here ({sf_why})")
+        # the context every llama.cpp run may need: the longest prompt, its tokens, a draft's overshoot
+        longest = max(len(sf_tok.encode(sf_tok.apply_chat_template(p["messages"], add_generation_prompt=True))) + p["max_tokens"] for p in prompts) if sf_tok else 4096
+        args.n_ctx = -(-(longest + args.lookup_tokens + 1) // 256) * 256
+        peers = _open_peers(names, gguf, args)
     except Missing as exc:
         print(f"bench_peers: {exc}", file=sys.stderr)
         return 2
-    sf_tok, sf_why = (None, "--prompt-ids hf") if args.prompt_ids == "hf" else sf_trt_tokenizer(gguf)
-    if sf_tok is None and args.prompt_ids == "sf_trt":
-        print(f"bench_peers: --prompt-ids sf_trt: sf_trt's tokenizer is not usable here ({sf_why})", file=sys.stderr)
+    hf = next((p for p in peers if p.name == "hf"), None)
+    if sf_tok is None and hf is None:
+        print(f"bench_peers: without HF's tokenizer the prompts need sf_trt's, which is not usable here ({sf_why})", file=sys.stderr)
         return 2
     if sf_tok is None:
         say(f"sf_trt's tokenizer not usable ({sf_why}); feeding HF's chat-template ids")
-    encoded = _encode(prompts, tok, sf_tok)
+    encoded = _encode(prompts, hf.tokenizer if hf is not None else None, sf_tok)
 
     modes = (("plain", None), ("lookup", args.lookup_tokens))
     if args.warmup:
         p0, ids0 = encoded[0][0], encoded[0][1]
         n0 = min(32, p0["max_tokens"])
         for _ in range(args.warmup):
-            for _name, lookup in modes:
-                generate(torch, model, ids0, n0, allow_eos=args.allow_eos, eos=eos, lookup=lookup)
-        say(f"warmup done ({args.warmup} x {n0} tokens per mode on {p0['id']!r})")
+            for peer in peers:
+                for _name, lookup in modes:
+                    peer.generate(ids0, n0, allow_eos=args.allow_eos, lookup=lookup)
+        say(f"warmup done ({args.warmup} x {n0} tokens per peer and mode on {p0['id']!r})")
+    turns = None
+    if args.sf_trt and not args.sf_trt_json:
+        cmd = shlex.split(args.sf_trt_cmd) if args.sf_trt_cmd else (["sf-trt"] if shutil.which("sf-trt") else None)
+        turns = SfTrtTurns(cmd, args) if cmd is not None else None
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
-    results = _measure(torch, model, tok, eos, encoded, modes, args)
+    results = _measure(peers, encoded, modes, args, sf_turn=turns)
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
-    sf_status, doc = _sf_trt_columns(results, prompts, args)
+    sf_status, doc = _sf_trt_columns(results, prompts, args, turns)
 
     print()
-    print(f"HF transformers {transformers.__version__} / torch {torch.__version__}, fp32 CPU, {args.threads} threads, "
-          f"prompt lookup {args.lookup_tokens} tokens, {'EOS may stop' if args.allow_eos else 'no early EOS'}"
-          + (f", load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores" if load_before and load_after else ""))
-    print_table(results, with_sf=bool(doc is not None and sf_status.get("matched")))
-    total = lambda mode: sum(r[mode]["tokens"] for r in results) / sum(r[mode]["seconds"] for r in results)  # noqa: E731
-    print(f"overall: plain {total('plain'):.1f} tok/s, prompt lookup {total('lookup'):.1f} tok/s; "
-          f"prompt lookup == plain on {sum(r['identical'] for r in results)}/{len(results)} prompts")
+    load = (f", load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores" if load_before and load_after else "")
+    print(f"{'; '.join(peer.describe() for peer in peers)}; {args.threads} threads, prompt lookup {args.lookup_tokens} tokens, "
+          f"{'EOS may stop' if args.allow_eos else 'no early EOS'}{load}")
+    print_table(results, [peer.name for peer in peers], with_sf=bool(doc is not None and sf_status.get("matched")))
+    for peer in peers:
+        total = lambda mode: sum(r["peers"][peer.name][mode]["tokens"] for r in results) / sum(r["peers"][peer.name][mode]["seconds"] for r in results)  # noqa: E731
+        same = sum(r["peers"][peer.name]["identical"] for r in results)
+        print(f"{peer.name} overall: plain {total('plain'):.1f} tok/s, prompt lookup {total('lookup'):.1f} tok/s; "
+              f"prompt lookup == plain on {same}/{len(results)} prompts")
+    if doc is not None:
+        t = doc.get("throughput_tokens_per_s") or {}
+        print(f"sf_trt overall: plain {fmt(t.get('plain'))} tok/s, speculative {fmt(t.get('spec'))} tok/s")
     report = {
         "tool": "tools/bench_peers.py",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "versions": {**{k: v for peer in peers for k, v in peer.versions.items()}, "python": platform.python_version()},
         "settings": {
-            "gguf": str(gguf), "prompts": str(args.prompts), "threads": args.threads, "dtype": "float32", "device": "cpu",
-            "prompt_lookup_num_tokens": args.lookup_tokens, "max_tokens_override": args.max_tokens,
-            "allow_eos": args.allow_eos, "warmup": args.warmup, "repeats": args.repeats,
+            "gguf": str(gguf), "prompts": str(args.prompts), "peers": [peer.name for peer in peers], "threads": args.threads,
+            "device": "cpu", "lookup_tokens": args.lookup_tokens, "max_tokens_override": args.max_tokens,
+            "allow_eos": args.allow_eos, "warmup": args.warmup, "repeats": args.repeats, "llama_cpp_n_ctx": args.n_ctx,
             "cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
-            "tokens_per_s": "new tokens / wall time of one generate() call (prefill included); fastest of the repeats",
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "tokens_per_s": "new tokens / wall time of one generate call (prefill included); fastest of the repeats",
         },
         "sf_trt": sf_status,
         "results": results,

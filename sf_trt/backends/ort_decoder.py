@@ -24,7 +24,10 @@ layout and keeps the KV cache on the host:
                   read by attention       dead: masked, rewritten          padding
 
 Packing: a pass's rows are grouped by lane (order kept); each lane is one row of
-``[B, T]``, padded to the pass's longest lane with position ``max_context``.
+``[B, T]``, padded to the pass's longest lane at the positions after its last row
+(capped at ``max_context``, the trash slot): padding is never visible to the lane's
+real rows, and it keeps the pass form's key extent (the keys attention reads,
+see ``sf_trt.export.decoder_graph``) at what the pass's own positions need.
 Because rows do not depend on what shares their pass, a forward call may run
 its lanes as several graph runs: lanes whose row counts differ a lot (a 256-row
 prefill beside 1-row decodes) go to separate runs when padding them together
@@ -40,7 +43,8 @@ from typing import Sequence
 import numpy as np
 
 from ..abi import Status, StatusError
-from ..formats.model_dir import CACHE_INPUTS, ModelDir, ModelDirError, cache_names
+from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
+from ..graphs.verify import GREEDY
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
@@ -50,6 +54,30 @@ __all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
 
 _CACHE_TYPES = {"fp32": np.float32, "fp16": np.float16}
 """The KV cache's numpy type by the decoder's precision, for the precisions onnxruntime runs."""
+
+
+class PassLogits(np.ndarray):
+    """Logits ``[K, vocab]`` float32 as a forward call returns them, with what the decoder graph
+    computed beside them in the same run (the pass form's ``PASS_OUTPUTS``): ``greedy`` int64
+    ``[K]``, each row's ArgMax (the lowest id on ties, as the verify graph's greedy rows); None
+    when the graph has no such output. A greedy-only ``verify_sample`` then needs no sampler run.
+    A copy (``.copy()``, slicing) drops it: only the array forward returned carries it."""
+
+    greedy: np.ndarray | None = None
+
+    @classmethod
+    def empty(cls, rows: int, vocab: int, *, with_greedy: bool) -> "PassLogits":
+        out = np.empty((rows, vocab), np.float32).view(cls)
+        if with_greedy:
+            out.greedy = np.empty(rows, np.int64)
+        return out
+
+    def rows(self, index: np.ndarray) -> "PassLogits":
+        """The rows ``index`` (a copy), with their greedy tokens."""
+        out = np.asarray(self)[index].view(PassLogits)
+        if self.greedy is not None:
+            out.greedy = self.greedy[index]
+        return out
 
 
 def _bad(what: str) -> StatusError:
@@ -69,7 +97,10 @@ class OrtDecoderPrimitives(PrimitivesBase):
     ``tests/test_row_independence.py``); ``pass_cost_rows``: how many rows of
     padding one extra graph run is worth (packing heuristic, never exactness);
     ``cache_inputs``: which graph form to run (``"pass"``, or ``"slots"`` for
-    comparison).
+    comparison); ``spinning``: whether onnxruntime's intra-op threads spin between ops
+    (False, the default, lets them sleep: on cores shared with other jobs a spinning thread
+    that lost its core stalls the pass, and spinning burns CPU the other jobs could use;
+    docs/benchmarks.md, issue 10). Neither changes any result.
     """
 
     def __init__(
@@ -86,6 +117,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
         pass_cost_rows: int = 12,
         sampler_threads: int = 1,
         cache_inputs: str = "pass",
+        spinning: bool = False,
     ) -> None:
         try:
             model = ModelDir.open(model_dir)
@@ -126,14 +158,23 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self.weight_dtype = model.weights
         self.precision = model.precision
         self.cache_inputs = cache_inputs
+        self.spinning = bool(spinning)
         self._session = open_session(
             model.graph_file(cache_inputs), threads=threads, optimization=optimization, providers=self.providers,
             config=self._session_config(optimization),
         )
+        graph_outputs = {o.name for o in self._session.get_outputs()}
+        self._pass_outputs = set(PASS_OUTPUTS) <= graph_outputs  # the pass form's greedy tokens
+        self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
         self._allocate_cache()
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
 
     def _session_config(self, optimization: str) -> dict[str, str]:
+        spin = {"session.intra_op.allow_spinning": "1" if self.spinning else "0"}
+        return {**spin, **self._exact_config(optimization)}
+
+    def _exact_config(self, optimization: str) -> dict[str, str]:
+        """The settings that keep rows exact at ``optimization`` (a refusal where none does)."""
         if self.precision == "fp16" and optimization != "all":
             # Measured (tests/backends/test_row_independence.py): below ORT_ENABLE_ALL an fp16
             # graph's matmuls run in forms whose row results depend on the rows beside them.
@@ -174,9 +215,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
         vocab = self.capabilities.vocab
         # each wanted row once (logit_rows may name a row twice)
         unique_rows, inverse = np.unique(rows.logit_rows, return_inverse=True)
-        logits = np.empty((unique_rows.shape[0], vocab), np.float32)
+        logits = PassLogits.empty(unique_rows.shape[0], vocab, with_greedy=self._pass_outputs)
         if rows.num_rows == 0:
-            return logits[inverse]
+            return logits.rows(inverse)
         # group rows by lane, lanes in order of first appearance
         lane_order, first = np.unique(rows.lanes, return_index=True)
         lane_order = lane_order[np.argsort(first, kind="stable")]
@@ -185,10 +226,14 @@ class OrtDecoderPrimitives(PrimitivesBase):
         wanted[unique_rows] = np.arange(unique_rows.shape[0])
         for group in self._plan_runs([r.shape[0] for r in lane_rows]):
             self._run(rows, [lane_order[j] for j in group], [lane_rows[j] for j in group], wanted, logits)
-        return logits if unique_rows.shape[0] == inverse.shape[0] and np.all(inverse == np.arange(inverse.shape[0])) else logits[inverse]
+        return logits if unique_rows.shape[0] == inverse.shape[0] and np.all(inverse == np.arange(inverse.shape[0])) else logits.rows(inverse)
 
     def _verify_sample_impl(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
+        greedy = getattr(logits, "greedy", None)
+        if greedy is not None and not np.any(np.asarray(sample.mode) != GREEDY):
+            # every row greedy: the decoder graph's ArgMax is the greedy graph's, on these very logits
+            return greedy, greedy == np.asarray(sample.draft)
         return self._sampler.run(logits, sample)
 
     def _truncate_impl(self, lane: int, length: int) -> None:
@@ -265,11 +310,13 @@ class OrtDecoderPrimitives(PrimitivesBase):
         lane_rows = [lane_rows[j] for j in order]
         b, t = len(lanes), max(r.shape[0] for r in lane_rows)
         input_ids = np.zeros((b, t), np.int64)
-        positions = np.full((b, t), trash, np.int64)
+        # each lane's rows, then its padding at the positions after them (never visible to its real
+        # rows, and no further than the trash slot): the pass form's key extent stays the pass's own
+        firsts = rows.positions[[r[0] for r in lane_rows]]
+        positions = np.minimum(firsts[:, None] + np.arange(t), trash)
         flat = np.concatenate([j * t + np.arange(r.shape[0]) for j, r in enumerate(lane_rows)])  # [n] run row of each
         src = np.concatenate(lane_rows)  # [n] the pass's row index of each
         input_ids.reshape(-1)[flat] = rows.tokens[src]
-        positions.reshape(-1)[flat] = rows.positions[src]
         keep = wanted[src] >= 0
         logit_index = np.ascontiguousarray(flat[keep])
         out_rows = wanted[src][keep]
@@ -279,12 +326,14 @@ class OrtDecoderPrimitives(PrimitivesBase):
         bind.bind_cpu_input("input_ids", input_ids)
         bind.bind_cpu_input("positions", positions)
         bind.bind_cpu_input("logit_index", logit_index)
-        bind.bind_output("logits")
-        bind.bind_output("new_kv")
+        for name in self._output_names:
+            bind.bind_output(name)
         self._session.run_with_iobinding(bind)
         self.runs += 1
-        run_logits, new_kv = (v.numpy() for v in bind.get_outputs())
+        run_logits, new_kv, *extra = (v.numpy() for v in bind.get_outputs())
         logits[out_rows] = run_logits
+        if extra:
+            logits.greedy[out_rows] = extra[0]
         # new_kv [n_layers, 2, B, T, nkv, hd] -> the cache at (slot, :, position, :)
         kv = new_kv.reshape(cfg.n_layers, 2, b * t, cfg.n_kv_heads, cfg.head_dim)[:, :, flat]
         row_slots = slots[flat // t]

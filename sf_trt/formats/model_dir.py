@@ -44,16 +44,17 @@ from .files import STAMPS_NAME, DigestStamps
 
 __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
-    "INPUTS", "OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
+    "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
     "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
     "MAX_CONTEXT_LENGTH", "cache_names", "graph_facts", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
     "ModelDirError",
 ]
 
-FORMAT_VERSION = 8
+FORMAT_VERSION = 10
 """Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always
 there; 6: digests of every file, or the exact hash, on two branches; 7: both; 8: the decoder's
-precision, its dim ``rows_per_lane``)."""
+precision, its dim ``rows_per_lane``; 9: the pass form reads keys up to the pass's extent, q4 weights;
+10: 9 and verify.onnx's ``min_p`` input, from two branches)."""
 CONFIG_FILE = "config.json"
 GRAPH_FILE = "decoder.onnx"
 PASS_GRAPH_FILE = "decoder_pass.onnx"
@@ -63,11 +64,14 @@ VERIFY_FILE = "verify.onnx"
 INPUTS = ("input_ids", "positions", "lane_ids", "logit_index")
 """The decoder's per-pass inputs, "slots" form; the "pass" form has no ``lane_ids``."""
 OUTPUTS = ("logits", "new_kv")
+PASS_OUTPUTS = ("greedy_tokens",)
+"""The pass form's extra output, computed from ``logits`` in the same run: each logit row's
+``ArgMax`` (lowest id on ties, the verify graph's greedy op)."""
 CACHE_INPUTS = ("pass", "slots")
 """The decoder's two forms, by how the KV caches come in (see ``sf_trt.export.decoder_graph``)."""
 PADDING_POSITION = "max_context"
 """Padding rows sit at position ``max_context``: the cache's trash slot."""
-WEIGHT_DTYPES = ("float32", "int8")
+WEIGHT_DTYPES = ("float32", "int8", "q4")
 DEFAULT_WEIGHTS = "int8"
 """What the CPU path exports by default: a quarter of the weight bytes per pass, rows still exact."""
 PRECISIONS = ("fp32", "fp16", "bf16")

@@ -86,7 +86,9 @@ class GraphBuilder:
     ) -> onnx.ModelProto:
         """The finished model at :data:`OPSET`, ``metadata`` in its ``metadata_props``."""
         graph = helper.make_graph(self.nodes, name, list(inputs), list(outputs), self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=producer)
+        opsets = [helper.make_opsetid("", OPSET)]
+        opsets += [helper.make_opsetid(d, 1) for d in sorted({n.domain for n in self.nodes} - {"", "ai.onnx"})]  # contrib ops (onnxruntime's)
+        model = helper.make_model(graph, opset_imports=opsets, producer_name=producer)
         model.ir_version = min(model.ir_version, IR_VERSION)
         for key, value in (metadata or {}).items():
             model.metadata_props.add(key=key, value=str(value))

@@ -133,3 +133,42 @@ def test_closed_primitives_refuse_work(tiny_model_dir):
     p.close()
     with pytest.raises(StatusError, match="used after close"):
         p.forward(rows(0, 0, SEQ[:2]))
+
+
+def test_greedy_tokens_come_from_the_pass_and_equal_the_greedy_graphs(prims):
+    """The pass form's ArgMax output is what the verify graph's greedy rows draw on the same
+    logits: a greedy-only verify_sample returns it without a sampler run; a batch with a Gumbel
+    row runs the sampler, whose greedy rows agree."""
+    from sf_trt.backends.ort_sampler import OrtVerifySampler
+
+    logits = prims.forward(concat(rows(0, 0, SEQ[:7]), rows(2, 0, SEQ[7:12], logits=[4])))
+    assert logits.greedy is not None and logits.greedy.shape == (8,)
+    k = logits.shape[0]
+    draft = np.where(np.arange(k) % 2 == 0, logits.greedy, -1)
+    greedy_rows = SampleRows(np.zeros(k, np.int64), np.ones(k, np.float32), np.ones(k, np.float32), np.zeros(k, np.int64),
+                             np.zeros(k, np.int64), np.arange(k, dtype=np.int64) + 1, draft)
+    sampler = OrtVerifySampler(prims.capabilities.vocab)
+    want_tokens, want_match = sampler.run(np.asarray(logits), greedy_rows)
+    runs_before = prims._sampler
+    prims._sampler = None  # a sampler run would fail: the greedy path must not need one
+    try:
+        tokens, match = prims.verify_sample(logits, greedy_rows)
+    finally:
+        prims._sampler = runs_before
+    assert np.array_equal(tokens, want_tokens) and np.array_equal(match, want_match)
+    assert np.array_equal(tokens, np.asarray(logits).argmax(axis=1))
+    mixed = SampleRows(**{**greedy_rows.__dict__, "mode": np.array([1] + [0] * (k - 1), np.int64)})
+    got, _ = prims.verify_sample(logits, mixed)
+    assert np.array_equal(got[1:], want_tokens[1:])
+
+
+def test_intra_op_threads_sleep_by_default_and_spinning_changes_no_bits(tiny_model_dir):
+    """onnxruntime's intra-op threads sleep between ops unless ``spinning=True``; the rows come
+    out with the same bits either way (2 threads, so there is a pool to spin or not)."""
+    got = {}
+    for spinning in (False, True):
+        with OrtDecoderPrimitives(tiny_model_dir, max_lanes=2, max_context=64, threads=2, spinning=spinning) as p:
+            options = p._session.get_session_options()
+            assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+            got[spinning] = p.forward(concat(rows(0, 0, SEQ[:9]), rows(1, 0, SEQ[9:14], logits=[4])))
+    assert np.array_equal(bits(got[False]), bits(got[True]))

@@ -57,6 +57,17 @@ def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, op
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("optimization", ["disable", "basic", "extended", "all"])
+def test_tiny_q4_rows_are_exact_in_any_pass(tiny_q4_model_dir, schedules, optimization, threads):
+    """MatMulNBits (4-bit Q4_1 blocks with their offsets, an 8-bit Q8_0 lm_head), int8 compute:
+    its one-row and many-row kernels give each row the same bits."""
+    rng = np.random.default_rng(17)
+    sched = schedules({0: rng.integers(0, 256, 26), 1: rng.integers(0, 256, 19), 2: rng.integers(0, 256, 23)})
+    with OrtDecoderPrimitives(tiny_q4_model_dir, max_lanes=3, max_context=64, threads=threads, optimization=optimization) as prims:
+        assert_rows_exact(prims, sched)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_tiny_fp16_rows_are_exact_in_any_pass(tiny_fp16_model_dir, schedules, threads):
     """An fp16 decoder on onnxruntime's CPU kernels (which compute float16 by way of float32):
     rows exact at ORT_ENABLE_ALL, the only level OrtDecoderPrimitives accepts for fp16."""
@@ -83,6 +94,29 @@ def test_tiny_rows_without_gqa_are_exact(tiny_mha_model_dir, schedules, optimiza
     sched = schedules({0: rng.integers(0, 256, 20), 1: rng.integers(0, 256, 14), 2: rng.integers(0, 256, 17)})
     with OrtDecoderPrimitives(tiny_mha_model_dir, max_lanes=3, max_context=64, optimization=optimization) as prims:
         assert_rows_exact(prims, sched)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("optimization", ["disable", "all"])
+def test_tiny_rows_are_exact_whatever_the_key_extent(tiny_model_dir, schedules, optimization, threads):
+    """The pass form reads keys up to the pass's own extent (its largest position, rounded up to
+    64): a row computed when that extent is 64, 128, ... or the whole window (the slots form, and
+    a pass beside a lane 200 positions further on) comes out with the same bits."""
+    rng = np.random.default_rng(18)
+    sched = schedules({0: rng.integers(0, 256, 230), 1: rng.integers(0, 256, 140), 2: rng.integers(0, 256, 75)})
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=threads, optimization=optimization) as prims:
+        plain = sched.run(prims, sched.plain())
+        for name, schedule in {
+            "chunks of 7": sched.chunked(7), "chunks of 64": sched.chunked(64),
+            "lanes mixed 1/9/3": sched.mixed([1, 9, 3], lambda k: [0, 1, 2] if k % 2 else [2, 1, 0]),
+        }.items():
+            got = sched.run(prims, schedule)
+            for lane in sched.seqs:
+                assert np.array_equal(bits(got[lane]), bits(plain[lane])), f"{name}: lane {lane}"
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=threads, optimization=optimization, cache_inputs="slots") as prims:
+        window = sched.run(prims, sched.chunked(5))
+    for lane in sched.seqs:
+        assert np.array_equal(bits(window[lane]), bits(plain[lane])), f"the whole window: lane {lane}"
 
 
 def test_tiny_rows_are_exact_in_the_slots_form(tiny_model_dir, schedules):
@@ -122,7 +156,7 @@ def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules, real_token
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir"])
+@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir", "real_q4_model_dir"])
 def test_real_int8_and_fp16_models_rows_are_exact(export, schedules, real_tokenizer, request):
     with OrtDecoderPrimitives(request.getfixturevalue(export), max_lanes=3, max_context=128) as prims:
         tok = real_tokenizer
@@ -131,3 +165,21 @@ def test_real_int8_and_fp16_models_rows_are_exact(export, schedules, real_tokeni
         for schedule in (sched.chunked(3), sched.mixed([1, 4, 7], lambda k: [2, 0, 1])):
             got = sched.run(prims, schedule)
             assert all(np.array_equal(bits(got[lane]), bits(plain[lane])) for lane in sched.seqs)
+
+
+@pytest.mark.slow
+def test_real_q4_rows_are_exact_whatever_the_key_extent(real_q4_model_dir, schedules, real_tokenizer):
+    """SmolLM2 (head_dim 64, 30 layers) with q4 weights: a lane's rows with key extents from 64
+    up to the whole window (the slots form) come out with the same bits."""
+    tok = real_tokenizer
+    text = " ".join(TEXTS) * 12
+    ids = np.asarray(tok.encode(text), np.int64)
+    sched = schedules({0: ids[:200], 1: ids[200:240]})
+    with OrtDecoderPrimitives(real_q4_model_dir, max_lanes=2, max_context=384) as prims:
+        plain = sched.run(prims, sched.chunked(1))
+        mixed = sched.run(prims, sched.mixed([1, 16], lambda k: [1, 0]))
+    with OrtDecoderPrimitives(real_q4_model_dir, max_lanes=2, max_context=384, cache_inputs="slots") as prims:
+        window = sched.run(prims, sched.chunked(9))
+    for lane in sched.seqs:
+        assert np.array_equal(bits(mixed[lane]), bits(plain[lane])), f"mixed: lane {lane}"
+        assert np.array_equal(bits(window[lane]), bits(plain[lane])), f"the whole window: lane {lane}"

@@ -87,18 +87,58 @@ def test_decode_row_by_row_matches_the_reference(tiny, prims):
     close_to_reference(got, reference_forward(cfg, weights, SEQ[:20]))
 
 
-def test_int8_graph_computes_the_int8_weights(tiny, tiny_int8_model_dir):
-    """onnxruntime runs DequantizeLinear -> MatMul as MatMulNBits with int8 compute
-    (activations quantized per row and block): within about 1% of the int8 model."""
-    from sf_trt.export.quantize import int8_weights
+@pytest.mark.parametrize("weight_dtype", ["int8", "q4"])
+def test_quantized_graph_computes_its_quantized_weights(tiny, weight_dtype, request):
+    """int8: onnxruntime runs DequantizeLinear -> MatMul as MatMulNBits with int8 compute
+    (activations quantized per row and block); q4: MatMulNBits over Q4_1 blocks (plus their
+    offsets) and a Q8_0 lm_head, int8 compute. Either is within about 1% of the model whose
+    weights are the quantized values."""
+    from sf_trt.export.quantize import int8_weights, q4_weights
 
     cfg, weights = tiny
-    with OrtDecoderPrimitives(tiny_int8_model_dir, max_lanes=1, max_context=64) as p:
+    with OrtDecoderPrimitives(request.getfixturevalue(f"tiny_{weight_dtype}_model_dir"), max_lanes=1, max_context=64) as p:
         got = p.forward(rows(0, 0, SEQ[:24]))
-        assert p.weight_dtype == "int8"
-    want = reference_forward(cfg, int8_weights(weights), SEQ[:24])
+        assert p.weight_dtype == weight_dtype
+    want = reference_forward(cfg, {"int8": int8_weights, "q4": q4_weights}[weight_dtype](weights), SEQ[:24])
     np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
     assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
+
+
+def test_q4_graph_holds_the_given_blocks_byte_for_byte(tiny):
+    """Blocks a GGUF stores (LlamaWeights.blocks) go into the graph as they are: the
+    4-bit values and scales of MatMulNBits, the offsets, the Q8_0 embedding table."""
+    from onnx import numpy_helper
+
+    from sf_trt.export.quantize import GgmlBlocks
+
+    cfg, weights = tiny
+    given = GgmlBlocks.quantize(np.concatenate([weights.layers[1].wq, weights.layers[1].wk, weights.layers[1].wv]), "Q4_1")
+    n_q, n_kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    parts = {"wq": given.raw[:n_q], "wk": given.raw[n_q:n_q + n_kv], "wv": given.raw[n_q + n_kv:]}
+    embd = GgmlBlocks.quantize(weights.tok_embd, "Q8_0")
+    with_blocks = dataclasses.replace(weights, blocks={**{f"layers.1.{k}": ("Q4_1", v) for k, v in parts.items()}, "tok_embd": ("Q8_0", embd.raw)})
+    inits = {t.name: numpy_helper.to_array(t) for t in build_decoder_graph(cfg, with_blocks, weight_dtype="q4").graph.initializer}
+    b, scales, offsets = given.nbits()
+    n = b.shape[0]  # then K / 32 rows of block indicators (the block sums), scale 1
+    assert np.array_equal(inits["l1.w_qkv.q4"][:n], b) and np.array_equal(inits["l1.w_qkv.scale"][:scales.size], scales)
+    assert np.all(inits["l1.w_qkv.scale"][scales.size:] == 1.0)
+    assert np.array_equal(inits["l1.w_qkv.offset"], offsets)
+    assert np.array_equal(inits["tok_embd.q8"], embd.nbits()[0])
+    # and what they compute is the GGUF's dequantization, gguf's own code
+    import gguf
+
+    want = gguf.quants.dequantize(given.raw, gguf.GGMLQuantizationType.Q4_1).reshape(given.shape)
+    assert np.array_equal(given.dequantize(), want)
+    d, zero = scales.reshape(given.shape[0], -1, 1), 8.0
+    q = np.stack([b & 15, b >> 4], axis=-1).reshape(given.shape[0], -1, 32).astype(np.float64)
+    rebuilt = (d * (q - zero) + offsets.T[..., None]).reshape(given.shape)
+    np.testing.assert_allclose(rebuilt, want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+
+
+def test_q4_needs_fp32_compute(tiny):
+    cfg, weights = tiny
+    with pytest.raises(ValueError, match="q4 weights compute in onnxruntime's MatMulNBits"):
+        build_decoder_graph(cfg, weights, weight_dtype="q4", precision="fp16")
 
 
 def test_reference_rotary_conventions_agree_after_unpermuting(tiny):

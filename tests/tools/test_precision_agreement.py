@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("precision_agreement", ROOT / "tools" / "precision_agreement.py")
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool
-    spec.loader.exec_module(tool)
-    return tool
 
 
 @pytest.mark.slow
-def test_fp16_greedy_tokens_agree_with_fp32_on_the_bench_prompts(real_model_dir, real_fp16_model_dir, real_tokenizer, capsys):
+def test_fp16_greedy_tokens_agree_with_fp32_on_the_bench_prompts(real_model_dir, real_fp16_model_dir, real_tokenizer, capsys, load_tool):
     """The number docs/tensorrt.md reports (192 tokens there; 32 here): teacher-forced top-1
     agreement of the fp16 export with fp32 at least 97%, the floor tools/trt_device_check.py (d)
     holds TensorRT fp16 to."""
     from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
 
-    tool = _tool()
+    tool = load_tool("precision_agreement")
     prompts = tool.bench_prompt_ids(real_tokenizer)
     assert len(prompts) == 8
     context = max(len(p) for _, p in prompts) + 33

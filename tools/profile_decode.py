@@ -1,0 +1,146 @@
+"""Where a generated token's time goes, end to end: inside the decoder pass or outside it.
+
+    python tools/profile_decode.py [--prompt-id story_lighthouse] [--max-tokens 192] [--threads 2]
+                                   [--weights int8] [--speculate] [--cprofile 25]
+
+Runs one request of ``tools/prompts/bench.jsonl`` through the same path as ``sf-trt generate``
+(the model resolved and opened by the CLI's own helpers, the CLI's Generator), once to warm up,
+then timed. The timed run counts the seconds spent in onnxruntime's decoder run
+(``run_with_iobinding``) and in its sampler runs, so the rest, per token, is what is not the pass:
+host-side cache writes, the executor, the generator, Python. ``--cprofile N`` runs it once more
+under cProfile and prints the N functions with the most time of their own (cProfile slows Python
+down, so read its table for where, the timed run for how much).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import io
+import json
+import os
+import pstats
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+PROMPTS = Path(__file__).with_name("prompts") / "bench.jsonl"
+
+
+class _Timed:
+    """A callable that forwards to ``fn`` and adds its seconds to ``seconds``."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn, self.seconds, self.calls = fn, 0.0, 0
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Time per token inside and outside the decoder pass, for one request run like `sf-trt generate`."""
+    from sf_trt.cli import build_parser
+    from sf_trt.cli.flags import sampling
+    from sf_trt.cli.generate import generator
+    from sf_trt.cli.launch import open_backend, resolve
+    from sf_trt.generate import Request
+
+    ap = argparse.ArgumentParser(prog="python tools/profile_decode.py", description=main.__doc__)
+    ap.add_argument("--prompts", type=Path, default=PROMPTS)
+    ap.add_argument("--prompt-id", default="story_lighthouse", help="the prompt's id in --prompts")
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default=None, help="passed to the CLI's --weights (default: its default)")
+    ap.add_argument("--speculate", action="store_true", help="prompt lookup on (default: plain decode)")
+    ap.add_argument("--sample", action="store_true", help="temperature 0.8, top-p 0.95, seed 1 (default: greedy)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N", help="one more run under cProfile; print its top N")
+    ap.add_argument("--json", action="store_true", help="print the timed run's numbers as one JSON object")
+    args = ap.parse_args(argv)
+
+    lines = [json.loads(s) for s in args.prompts.read_text().splitlines() if s.strip()]
+    found = [p for p in lines if p["id"] == args.prompt_id]
+    if not found:
+        ap.error(f"--prompt-id {args.prompt_id!r} is not in {args.prompts} (ids: {', '.join(p['id'] for p in lines)})")
+    gen_argv = ["generate", "--chat", "-", "--ignore-eos", "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
+    gen_argv += ["--weights", args.weights] if args.weights else []
+    gen_argv += ["--temperature", "0.8", "--top-p", "0.95", "--seed", "1"] if args.sample else []
+    cli_args = build_parser().parse_args(gen_argv)
+    model = resolve(cli_args, progress=False)
+    ids = model.tokenizer.encode_chat(found[0]["messages"], add_generation_prompt=True)
+    mode, params = sampling(cli_args)
+    window = -(-(len(ids) + args.max_tokens) // 256) * 256
+    prims = open_backend(cli_args, model, max_lanes=1, max_context=window)
+    request = Request(ids, mode, params, seed=cli_args.seed, speculate=args.speculate)
+
+    pass_timer = _Timed(prims._session.run_with_iobinding)  # onnxruntime's decoder run, nothing around it
+    prims._session.run_with_iobinding = pass_timer
+    sampler_timer = _Timed(prims._sampler.run)  # the verify-and-sample graph's runs, with their feeds
+    prims._sampler.run = sampler_timer
+
+    gen = generator(prims, cli_args)
+    gen.run([Request(ids[:32], mode, params, seed=cli_args.seed, speculate=False)])  # warm up
+    prefill = _prefill_seconds(gen, ids, mode, params, cli_args.seed, pass_timer)
+    pass_timer.seconds = pass_timer.calls = 0
+    sampler_timer.seconds = sampler_timer.calls = 0
+    t0 = time.perf_counter()
+    (res,) = gen.run([request])
+    wall = time.perf_counter() - t0
+    n = len(res.tokens)
+    decode_wall = wall - prefill["wall"]
+    decode_pass = pass_timer.seconds - prefill["pass"]
+    out = {
+        "model": str(model.model_dir.path), "weights": prims.weight_dtype, "prompt_id": args.prompt_id,
+        "prompt_tokens": len(ids), "tokens": n, "speculate": args.speculate, "sampled": args.sample,
+        "threads": args.threads, "load": round(os.getloadavg()[0], 2),
+        "tokens_per_s": round(n / wall, 2),
+        "decode_ms_per_token": round(1e3 * decode_wall / n, 3),
+        "decoder_pass_ms_per_token": round(1e3 * decode_pass / n, 3),
+        "sampler_ms_per_token": round(1e3 * sampler_timer.seconds / n, 3),
+        "outside_pass_ms_per_token": round(1e3 * (decode_wall - decode_pass) / n, 3),
+        "outside_pass_share": round((decode_wall - decode_pass) / decode_wall, 4),
+        "decoder_runs": pass_timer.calls, "sampler_runs": sampler_timer.calls,
+        "prefill_s": round(prefill["wall"], 3),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{out['model']} ({out['weights']}), prompt {args.prompt_id} ({len(ids)} tokens), {n} tokens, "
+              f"{'speculative' if args.speculate else 'plain'}, {'sampled' if args.sample else 'greedy'}, "
+              f"{args.threads} threads, load {out['load']}")
+        print(f"  {out['tokens_per_s']} tok/s end to end (prefill {out['prefill_s']} s); decode {out['decode_ms_per_token']} ms/token:")
+        print(f"  decoder pass {out['decoder_pass_ms_per_token']} ms/token ({pass_timer.calls} runs), "
+              f"outside it {out['outside_pass_ms_per_token']} ms/token ({100 * out['outside_pass_share']:.1f}%), "
+              f"of which sampler runs {out['sampler_ms_per_token']} ms/token ({sampler_timer.calls} runs)")
+    if args.cprofile:
+        prof = cProfile.Profile()
+        prof.enable()
+        gen.run([request])
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.cprofile)
+        print(text.getvalue())
+    prims.close()
+
+
+def _prefill_seconds(gen, ids, mode, params, seed, pass_timer: _Timed) -> dict:
+    """Wall and pass seconds of the prompt's prefill alone (one token asked), to take out of the decode figures."""
+    from sf_trt.generate import Request
+
+    best = None
+    for _ in range(2):
+        before = pass_timer.seconds
+        t0 = time.perf_counter()
+        gen.run([Request(ids, mode, dataclasses.replace(params, max_tokens=1), seed=seed, speculate=False)])
+        this = {"wall": time.perf_counter() - t0, "pass": pass_timer.seconds - before}
+        best = this if best is None or this["wall"] < best["wall"] else best
+    return best
+
+
+if __name__ == "__main__":
+    main()
