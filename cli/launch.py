@@ -49,7 +49,8 @@ def resolve(args: argparse.Namespace, *, progress: bool = True) -> Resolved:
     else:
         if args.gguf is not None:
             gguf = models.check_gguf(args.gguf)
-            path = export_model_dir(gguf, models.export_dir(gguf, args.weights), progress=progress, weight_dtype=args.weights)
+            with models.cache_lock():  # processes sharing the cache export it once
+                path = export_model_dir(gguf, models.export_dir(gguf, args.weights), progress=progress, weight_dtype=args.weights)
         else:
             path = default_model_dir(progress=progress, weight_dtype=args.weights)
         model_dir = ModelDir.open(path, verify=False)  # checked (or written) just now

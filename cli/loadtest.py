@@ -49,6 +49,11 @@ DEFAULT_PROMPTS = [
 ]
 
 
+METRICS_SETTLE_S = 3.0
+"""How long counters that disagree with the usage are read again: behind Ray Serve, each replica
+reports its metrics about once a second (docs/deploy.md)."""
+
+
 def _loopback(url: str) -> str:
     host = urlsplit(url).hostname or ""
     if host == "localhost":
@@ -219,8 +224,16 @@ async def loadtest(args) -> dict:
                 failures.append(f"request {r.index}: streamed {len(r.token_ids)} token ids, usage says {r.usage and r.usage.get('completion_tokens')}")
         out_tokens = sum(r.usage["completion_tokens"] for r in completed if r.usage)
         in_tokens = sum(r.usage["prompt_tokens"] for r in completed if r.usage)
-        gen_delta = _metric(after, "sf_trt:generation_tokens_total") - _metric(before, "sf_trt:generation_tokens_total")
-        prompt_delta = _metric(after, "sf_trt:prompt_tokens_total") - _metric(before, "sf_trt:prompt_tokens_total")
+
+        def deltas(after: str) -> tuple[float, float]:
+            return (_metric(after, "sf_trt:generation_tokens_total") - _metric(before, "sf_trt:generation_tokens_total"),
+                    _metric(after, "sf_trt:prompt_tokens_total") - _metric(before, "sf_trt:prompt_tokens_total"))
+
+        gen_delta, prompt_delta = deltas(after)
+        settle = time.perf_counter() + METRICS_SETTLE_S  # a deployment's /metrics (sf-trt serve --ray) lags its replicas
+        while (gen_delta, prompt_delta) != (out_tokens, in_tokens) and time.perf_counter() < settle:
+            await asyncio.sleep(0.25)
+            gen_delta, prompt_delta = deltas((await client.get("/metrics")).text)
         if not pending and len(completed) + len(rejected) == n:
             if gen_delta != out_tokens:
                 failures.append(f"usage sums to {out_tokens} completion tokens, /metrics generation_tokens_total rose by {gen_delta:g}")

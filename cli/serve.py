@@ -15,15 +15,12 @@ import signal
 import sys
 from typing import Any
 
-from .flags import DEFAULT_CONTEXT, add_model_flags, ranged
-from .launch import open_backend, resolve
+from .errors import CliError
+from .flags import add_model_flags, ranged
+from .serve_ray import add_ray_flags, resolve_ray_flags, run_serve_ray
+from .serve_state import FAKE_BACKEND, server_state
 
 __all__ = ["add_serve_parsers", "run_serve", "FAKE_BACKEND"]
-
-FAKE_BACKEND = "fake"
-"""``--backend fake``: the copy-model fake with a byte tokenizer, for tests and demos (no model)."""
-FAKE_VOCAB, FAKE_EOS = 257, 256
-
 
 def add_serve_parsers(sub: Any) -> None:
     """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
@@ -46,7 +43,7 @@ def add_serve_parsers(sub: Any) -> None:
     g.add_argument("--max-num-seqs", type=ranged(int, 1, 256, what="lanes in 1..256"), default=8,
                    help="lanes: requests decoded at once (default 8)")
     g.add_argument("--max-queued-requests", type=ranged(int, 0, what="a queue length >= 0"), default=256,
-                   help="requests that may wait for a lane; more get 429 with Retry-After (default 256)")
+                   help="requests that may wait for a lane (with --ray: in each Ray proxy); more get 429 with Retry-After (default 256)")
     g.add_argument("--drain-timeout", type=ranged(float, 0.0, what="seconds >= 0"), default=30.0,
                    help="on SIGTERM: seconds running requests may take to finish before they end with an error (default 30)")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
@@ -70,9 +67,14 @@ def add_serve_parsers(sub: Any) -> None:
     s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
                    help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
     add_model_flags(p)
+    add_ray_flags(p)
     backend = next(a for a in p._actions if a.dest == "backend")
     backend.choices = (*backend.choices, FAKE_BACKEND)
     backend.help += f"; {FAKE_BACKEND}: the copy-model fake with a byte tokenizer (tests and demos, no model)"
+    p.add_argument_group("model").add_argument(
+        "--fake-pass-ms", type=ranged(float, 0.0, 10_000.0, what="milliseconds in 0..10000"), default=0.0,
+        help=f"with --backend {FAKE_BACKEND}: each forward pass also takes this long, a model's pace for scaling demos "
+        "and tests (the tokens are the same; default 0)")
     p.set_defaults(func=run_serve)
 
     from .loadtest import add_loadtest_parser
@@ -80,61 +82,13 @@ def add_serve_parsers(sub: Any) -> None:
     add_loadtest_parser(sub)
 
 
-def _open(args) -> tuple[Any, Any, int]:
-    """``(primitives, tokenizer, max_context)`` for ``args``."""
-    max_context = args.max_context or DEFAULT_CONTEXT
-    if args.backend == FAKE_BACKEND:
-        from sf_trt.fake import FakeConfig, FakePrimitives
-        from sf_trt.tokenizer import ByteTokenizer
-
-        cfg = FakeConfig(vocab=FAKE_VOCAB, eos=FAKE_EOS, copy_model=True, verify_rows=True, max_lanes=args.max_num_seqs,
-                         max_context=max_context, max_rows_per_pass=max(1024, args.max_num_seqs), top_k_limit=64)
-        return FakePrimitives(cfg), ByteTokenizer(FAKE_VOCAB, FAKE_EOS), max_context
-    model = resolve(args, progress=False)
-    prims = open_backend(args, model, max_lanes=args.max_num_seqs, max_context=max_context)
-    return prims, model.tokenizer, max_context
-
-
-def _model_name(args) -> str:
-    if args.served_model_name:
-        return args.served_model_name
-    if args.backend == FAKE_BACKEND:
-        return FAKE_BACKEND
-    if args.model is not None:
-        return args.model.name
-    if args.gguf is not None:
-        return args.gguf.name.removesuffix(".gguf")
-    from sf_trt import models
-
-    return models.DEFAULT_MODEL.model_name
-
-
 def build_server(args):
     """``(uvicorn server, state)`` for ``args``; the model loads when the server starts."""
     import uvicorn
 
-    from sf_trt.drafting import PromptLookupConfig
-    from sf_trt.engine_loop import EngineLoop, LoopConfig
-    from sf_trt.scheduler import LoadAwareDrafting
-    from sf_trt.serve.app import ServerState, create_app
-    from sf_trt.serve.metrics import ServerMetrics
+    from sf_trt.serve.app import create_app
 
-    name = _model_name(args)
-    state = ServerState(
-        model_name=name, metrics=ServerMetrics(name), api_key=args.api_key, default_speculate=args.speculate,
-        default_max_draft=args.max_draft, drain_timeout_s=args.drain_timeout,
-    )
-
-    def loader():
-        prims, tokenizer, max_context = _open(args)
-        if args.speculate != "none" and not (prims.capabilities.verify_rows and prims.capabilities.truncate_partial):
-            state.default_speculate = "none"
-        config = LoopConfig(
-            max_queued=args.max_queued_requests, tick_tokens=args.tick_tokens, prefill_budget=args.prefill_budget,
-            draft_config=PromptLookupConfig(max_draft=args.max_draft),
-            policy=LoadAwareDrafting(row_budget=args.spec_row_budget, row_cost=args.spec_row_cost, min_acceptance=args.spec_min_acceptance),
-        )
-        return EngineLoop(prims, tokenizer=tokenizer, config=config, observer=state.metrics), tokenizer, max_context
+    state, loader = server_state(args)
 
     class DrainingServer(uvicorn.Server):
         """uvicorn's server, draining the engine before it waits for connections to close."""
@@ -154,6 +108,10 @@ def build_server(args):
 
 def run_serve(args) -> int:
     """``sf-trt serve``: serve until SIGTERM / Ctrl+C, then drain and exit 0."""
+    if args.fake_pass_ms and args.backend != FAKE_BACKEND:
+        raise CliError(f"--fake-pass-ms slows the fake backend only (got --backend {args.backend})")
+    if resolve_ray_flags(args).ray:
+        return run_serve_ray(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     server, state = build_server(args)
     # uvicorn re-raises the signal it caught once it has shut down; a handler that does

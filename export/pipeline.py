@@ -30,7 +30,7 @@ from sf_trt.formats.model_dir import (
     made_by_export,
 )
 from sf_trt.graphs.verify import build_verify_graph
-from sf_trt.models import DEFAULT_MODEL, default_gguf_path, export_dir
+from sf_trt.models import DEFAULT_MODEL, cache_lock, default_gguf_path, export_dir
 
 from .decoder_graph import build_decoder_graph, pass_form
 from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
@@ -130,6 +130,11 @@ def default_model_dir(
     :func:`export_model_dir`. A cached export that is intact is used without
     reading the GGUF; a damaged one is rebuilt from the GGUF, which is checked
     against its pinned digest first (and fetched again if it does not match)."""
+    with cache_lock(cache):  # replicas sharing the cache fetch and export once (docs/deploy.md)
+        return _default_model_dir(cache, progress, download, weight_dtype, precision)
+
+
+def _default_model_dir(cache: Path | None, progress: bool, download: bool, weight_dtype: str, precision: str) -> Path:
     out = export_dir(DEFAULT_MODEL.gguf_name, weight_dtype, cache, precision)
     if os.environ.get("SF_TRT_GGUF") is None:
         sweep_stale(out)

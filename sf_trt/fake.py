@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Optional
 
 import numpy as np
@@ -34,6 +35,8 @@ class FakeConfig:
     ``copy_miss_every``: every m-th position favours another token.
     ``verify_rows`` / ``truncate_partial`` / ``kernel_capabilities``: what the
     backend claims, which strategy registration reads.
+    ``pass_delay_s``: every forward pass also sleeps this long (a model's pace, for
+    scaling tests and demos; the tokens are the same).
     """
 
     vocab: int = 256
@@ -49,6 +52,7 @@ class FakeConfig:
     top_k_limit: int = 64
     favour_logit: Optional[float] = None
     threads: int = 1
+    pass_delay_s: float = 0.0
 
 
 class FakePrimitives(PrimitivesBase):
@@ -65,6 +69,8 @@ class FakePrimitives(PrimitivesBase):
             )
         if cfg.favour_logit is not None and not math.isfinite(cfg.favour_logit):
             raise StatusError(Status.BAD_ARGUMENT, f"FakeConfig: favour_logit must be finite (got {cfg.favour_logit!r})")
+        if not (math.isfinite(cfg.pass_delay_s) and cfg.pass_delay_s >= 0):
+            raise StatusError(Status.BAD_ARGUMENT, f"FakeConfig: pass_delay_s must be a finite number of seconds >= 0 (got {cfg.pass_delay_s!r})")
         top_k_limit = min(cfg.top_k_limit, cfg.vocab)
         super().__init__(
             Capabilities(
@@ -84,6 +90,8 @@ class FakePrimitives(PrimitivesBase):
         self._history = np.zeros((cfg.max_lanes, cfg.max_context), np.int64)
 
     def _forward_impl(self, rows: Rows) -> np.ndarray:
+        if self.config.pass_delay_s > 0:
+            time.sleep(self.config.pass_delay_s)
         self._history[rows.lanes, rows.positions] = rows.tokens
         if rows.logit_rows.size == 0:
             return np.zeros((0, self.capabilities.vocab), np.float32)

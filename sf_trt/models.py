@@ -22,6 +22,9 @@ yields no matching GGUF is downloaded again (once); damaged bytes are never
 exported. A verified digest is remembered with the file's stat facts
 (:class:`~sf_trt.formats.files.DigestStamps`), so later runs only stat it.
 Every directory is checked writable before anything is downloaded into it.
+Several processes on one machine (the replicas of ``sf-trt serve --ray``) share
+the cache safely: :func:`cache_lock` makes fetching and exporting one process's
+work at a time, so the model is fetched and exported once and the others reuse it.
 
 ``$SF_TRT_GGUF`` names a GGUF file to use instead of the download. Every
 failure (no network, a truncated or missing GGUF, a file that is not the
@@ -30,6 +33,7 @@ expected one) raises :class:`ModelError` naming the path and what was expected.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Iterator
 
 from .formats.files import DigestStamps, check_writable_dir, remove, removed_on_signal, sweep_stale, temp_path
 
@@ -46,6 +51,7 @@ __all__ = [
     "ModelSource",
     "DEFAULT_MODEL",
     "cache_dir",
+    "cache_lock",
     "default_gguf_path",
     "export_dir",
     "check_gguf",
@@ -95,6 +101,29 @@ def cache_dir() -> Path:
     """``$SF_TRT_CACHE``, else ``~/.cache/sf_trt``."""
     env = os.environ.get("SF_TRT_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "sf_trt"
+
+
+@contextlib.contextmanager
+def cache_lock(cache: Path | None = None) -> Iterator[None]:
+    """Hold the cache's lock (an exclusive ``flock`` on ``<cache>/.lock``) for a fetch
+    or an export: processes on this machine that share the cache wait for each other,
+    then find the finished files. Not reentrant. Where the lock file cannot be made (a
+    read-only cache, a system without ``fcntl``) nothing is written there either, and
+    it runs unlocked."""
+    try:
+        import fcntl
+
+        (cache or cache_dir()).mkdir(parents=True, exist_ok=True)
+        handle = open((cache or cache_dir()) / ".lock", "a+b")
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _say(progress: bool, msg: str) -> None:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+
+import httpx
+
+from servers import wait_for
 
 
 def sf_trt(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -22,3 +27,31 @@ def refused(*args: str, code: int = 1) -> str:
     proc = sf_trt(*args)
     assert proc.returncode == code, (proc.returncode, proc.stderr)
     return proc.stderr.strip().splitlines()[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(*flags: str, fake: bool = True, timeout_s: float = 60, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """``sf-trt serve`` as a process on a free port (the fake backend unless ``fake=False``), once healthy;
+    ``env`` adds variables."""
+    port = free_port()
+    backend = ["--backend", "fake"] if fake else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sf_trt.cli", "serve", *backend, "--port", str(port), "--log-level", "warning", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(up, timeout_s)
+    return proc, url

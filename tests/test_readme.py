@@ -29,7 +29,7 @@ def test_the_two_setup_commands_are_there():
     commands = re.findall(r"```sh\n(.*?)```", section("Two commands"), re.S)
     assert [c.strip() for c in commands] == [
         'pip install -e \'.[test]\' && sf-trt generate --chat "Rewrite this function with type hints: def add(a, b): return a + b"',
-        "pip install -e '.[test]' && pytest",
+        "pip install -e '.[test,ray]' && pytest",
     ]
     ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
-    assert "pip install -q -e '.[test]'" in ci and "\npytest" in ci
+    assert "pip install -q -e '.[test,ray]'" in ci and "\npytest" in ci

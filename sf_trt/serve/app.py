@@ -30,7 +30,7 @@ import secrets
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
@@ -94,6 +94,8 @@ class ServerState:
     max_context: int = 0
     load_error: Optional[str] = None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    metrics_view: Optional[Callable[[], Awaitable[bytes]]] = None
+    """What ``/metrics`` answers when set (a deployment's metrics, not this server's alone)."""
 
     def ready_engine(self) -> EngineLoop:
         if self.load_error is not None:
@@ -171,7 +173,8 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body = await state.metrics_view() if state.metrics_view is not None else state.metrics.render()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: HttpRequest) -> dict:
@@ -411,6 +414,11 @@ async def _serve(state: ServerState, request: HttpRequest, job: _Job) -> Respons
     watch = asyncio.create_task(_disconnected(request))
     try:
         done, _ = await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the handler itself is cancelled (Ray Serve: the client went away)
+        collect.cancel()
+        if _abort(state, job):
+            state.metrics.client_disconnected()
+        raise
     finally:
         watch.cancel()
     if collect not in done:  # the client went away: free the lanes

@@ -7,12 +7,15 @@ counters). The engine loop reports through :class:`ServerMetrics` (its
 
 from __future__ import annotations
 
+from typing import Iterable, Optional
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..abi import Finish
 from ..engine_loop import Output
 
-__all__ = ["ServerMetrics", "PREFIX", "finish_reason"]
+__all__ = ["ServerMetrics", "PREFIX", "finish_reason", "merge_expositions"]
 
 PREFIX = "sf_trt:"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
@@ -33,10 +36,11 @@ def finish_reason(finish: Finish, error: str | None = None) -> str:
 class ServerMetrics:
     """The server's metrics; ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, const_labels: Optional[dict[str, str]] = None) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        r, label = self.registry, ["model_name"]
+        extra = dict(const_labels or {})
+        r, label = self.registry, ["model_name", *extra]
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(PREFIX + name, doc, label + list(extra), registry=r)
@@ -56,7 +60,10 @@ class ServerMetrics:
         self.drafts = counter("spec_decode_num_drafts", "Verify passes that carried a draft.")
         self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens sent for verification.")
         self.accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens verified and emitted.")
-        self._labels = {"model_name": model_name}
+        self._labels = {"model_name": model_name, **extra}
+        for series in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.disconnects,
+                       self.drafts, self.draft_tokens, self.accepted_tokens):
+            series.labels(**self._labels)  # present (at 0) from the start, so a server that served nothing shows
 
     # -- LoopObserver (called on the engine loop's thread) ----------------------------------------
 
@@ -89,3 +96,22 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge_expositions(texts: Iterable[bytes | str]) -> bytes:
+    """Several servers' ``/metrics`` bodies as one: each family once, with every server's
+    samples (their label sets must differ, e.g. by a ``replica`` label)."""
+    families: dict[str, object] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text.decode() if isinstance(text, bytes) else text):
+            merged = families.setdefault(family.name, family)
+            if merged is not family:
+                merged.samples.extend(family.samples)
+
+    class _Merged:
+        def collect(self):
+            return list(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged())
+    return generate_latest(registry)

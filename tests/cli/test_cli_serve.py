@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,34 +14,7 @@ import time
 import httpx
 import pytest
 
-from servers import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(*flags: str, fake: bool = True, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
-    """``sf-trt serve`` as a process on a free port (the fake backend unless ``fake=False``), once healthy."""
-    port = free_port()
-    backend = ["--backend", "fake"] if fake else []
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sf_trt.cli", "serve", *backend, "--port", str(port), "--log-level", "warning", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            return httpx.get(f"{url}/health", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for(up, timeout_s)
-    return proc, url
+from cli_run import serve
 
 
 def test_sigterm_during_load_finishes_or_fails_every_request_and_exits_0():

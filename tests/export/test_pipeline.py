@@ -115,3 +115,19 @@ def test_an_export_killed_midway_keeps_the_earlier_one_and_leaves_no_temporary(r
         assert proc.returncode == -signal.SIGKILL and len(_beside(out)) == 1  # nothing can clean up after SIGKILL ...
         export_model_dir(tmp_path / "tiny.gguf", out, progress=False)  # ... the next export does
         assert _beside(out) == []
+
+
+def test_processes_sharing_the_cache_export_the_default_model_once(tmp_path):
+    """Replicas of `sf-trt serve --ray` on one machine start together: the cache lock
+    makes one export while the others wait, then reuse it (never each other's files)."""
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    env = {**os.environ, "SF_TRT_CACHE": str(tmp_path / "cache"), "SF_TRT_GGUF": str(tmp_path / "tiny.gguf")}
+    code = "from sf_trt.export.pipeline import default_model_dir; print(default_model_dir())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    (path,) = {out.strip() for out, _ in outs}
+    assert sum(err.count("exported ") for _, err in outs) == 1, [err for _, err in outs]
+    ModelDir.open(path)  # whole, every file matching its digest
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [os.path.basename(path)]  # nothing beside it
