@@ -22,7 +22,6 @@ It reports vLLM's benchmark fields (``request_throughput``, ``output_throughput`
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import ipaddress
@@ -180,16 +179,7 @@ async def loadtest(args) -> dict:
     rows = _prompts(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     n = args.num_requests
-    rng = random.Random(args.seed)
-    if math.isinf(args.request_rate):
-        arrivals = [0.0] * n
-    elif args.arrival == "poisson":
-        t, arrivals = 0.0, []
-        for _ in range(n):
-            arrivals.append(t)
-            t += rng.expovariate(args.request_rate)
-    else:
-        arrivals = [i / args.request_rate for i in range(n)]
+    arrivals = _arrivals(args, n)
     limits = httpx.Limits(max_connections=args.max_concurrency or n, max_keepalive_connections=args.max_concurrency or n)
     failures: list[str] = []
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(args.max_seconds), limits=limits) as client:
@@ -205,63 +195,104 @@ async def loadtest(args) -> dict:
                 await _one(client, args, records[i], path, body)
 
         tasks = [asyncio.create_task(launch(i)) for i in range(n)]
-        done, pending = await asyncio.wait(tasks, timeout=args.max_seconds)
+        _, pending = await asyncio.wait(tasks, timeout=args.max_seconds)
         for t in pending:
             t.cancel()
         duration = time.perf_counter() - t0
         if pending:
             failures.append(f"{len(pending)} requests still running after --max-seconds {args.max_seconds}")
-        after = (await client.get("/metrics")).text
-
         completed = [r for r in records if r.ok]
         rejected = [r for r in records if r.status == 429]
-        for r in records:
-            if r.status >= 500:
-                failures.append(f"request {r.index}: {r.error}")
-            elif r.error is not None and r.status != 429:
-                failures.append(f"request {r.index}: {r.error}")
-            elif r.ok and (r.usage is None or r.usage.get("completion_tokens") != len(r.token_ids)):
-                failures.append(f"request {r.index}: streamed {len(r.token_ids)} token ids, usage says {r.usage and r.usage.get('completion_tokens')}")
-        out_tokens = sum(r.usage["completion_tokens"] for r in completed if r.usage)
-        in_tokens = sum(r.usage["prompt_tokens"] for r in completed if r.usage)
-
-        def deltas(after: str) -> tuple[float, float]:
-            return (_metric(after, "sf_trt:generation_tokens_total") - _metric(before, "sf_trt:generation_tokens_total"),
-                    _metric(after, "sf_trt:prompt_tokens_total") - _metric(before, "sf_trt:prompt_tokens_total"))
-
-        gen_delta, prompt_delta = deltas(after)
-        settle = time.perf_counter() + METRICS_SETTLE_S  # a deployment's /metrics (sf-trt serve --ray) lags its replicas
-        while (gen_delta, prompt_delta) != (out_tokens, in_tokens) and time.perf_counter() < settle:
-            await asyncio.sleep(0.25)
-            gen_delta, prompt_delta = deltas((await client.get("/metrics")).text)
+        failures += _request_failures(records)
+        usage = (sum(r.usage["completion_tokens"] for r in completed if r.usage), sum(r.usage["prompt_tokens"] for r in completed if r.usage))
+        gen_delta, prompt_delta = await _metric_deltas(client, before, usage)
         if not pending and len(completed) + len(rejected) == n:
-            if gen_delta != out_tokens:
-                failures.append(f"usage sums to {out_tokens} completion tokens, /metrics generation_tokens_total rose by {gen_delta:g}")
-            if prompt_delta != in_tokens:
-                failures.append(f"usage sums to {in_tokens} prompt tokens, /metrics prompt_tokens_total rose by {prompt_delta:g}")
+            if gen_delta != usage[0]:
+                failures.append(f"usage sums to {usage[0]} completion tokens, /metrics generation_tokens_total rose by {gen_delta:g}")
+            if prompt_delta != usage[1]:
+                failures.append(f"usage sums to {usage[1]} prompt tokens, /metrics prompt_tokens_total rose by {prompt_delta:g}")
+        verified = await _verify_alone(client, args, rows, completed[: args.verify], failures)
+    report = {
+        "completed": len(completed), "rejected": len(rejected), "failed": n - len(completed) - len(rejected),
+        "num_requests": n, "duration": round(duration, 3),
+        **_throughputs_and_latencies(completed, duration, *usage),
+        "metrics_generation_tokens_delta": gen_delta, "verified_alone": verified,
+        "settings": {"url": url, "request_rate": args.request_rate, "arrival": args.arrival, "max_concurrency": args.max_concurrency,
+                     "temperature": args.temperature, "seed": args.seed, "speculate": args.speculate, "max_tokens": args.max_tokens},
+        "failures": failures,
+    }
+    return report
 
-        verified = 0
-        for r in completed[: args.verify]:
-            path, body = _body(args, rows[r.index % len(rows)], args.seed + r.index, speculate="none", stream=False)
-            resp = await client.post(path, json=body)
-            if resp.status_code != 200:
-                failures.append(f"request {r.index} alone: HTTP {resp.status_code}")
-                continue
-            choice = resp.json()["choices"][0]
-            text = choice.get("message", {}).get("content") if "message" in choice else choice.get("text")
-            if choice.get("token_ids") != r.token_ids or text != r.text:
-                failures.append(f"request {r.index}: its output under load differs from its answer alone (seed {args.seed + r.index})")
-            verified += 1
 
+def _arrivals(args, n: int) -> list[float]:
+    """Each request's send time in seconds from the start: all at once, Poisson, or evenly spaced."""
+    if math.isinf(args.request_rate):
+        return [0.0] * n
+    if args.arrival == "poisson":
+        rng = random.Random(args.seed)
+        t, arrivals = 0.0, []
+        for _ in range(n):
+            arrivals.append(t)
+            t += rng.expovariate(args.request_rate)
+        return arrivals
+    return [i / args.request_rate for i in range(n)]
+
+
+def _request_failures(records: list[_Record]) -> list[str]:
+    """5xx and errors other than 429, and answers whose usage disagrees with what streamed."""
+    out = []
+    for r in records:
+        if r.status >= 500 or (r.error is not None and r.status != 429):
+            out.append(f"request {r.index}: {r.error}")
+        elif r.ok and (r.usage is None or r.usage.get("completion_tokens") != len(r.token_ids)):
+            out.append(f"request {r.index}: streamed {len(r.token_ids)} token ids, usage says {r.usage and r.usage.get('completion_tokens')}")
+    return out
+
+
+async def _metric_deltas(client, before: str, usage: tuple[int, int]) -> tuple[float, float]:
+    """How much /metrics' generation and prompt token counters rose since ``before``; re-read
+    for up to METRICS_SETTLE_S while they disagree with ``usage`` (a deployment's /metrics,
+    sf-trt serve --ray, lags its replicas)."""
+
+    def deltas(after: str) -> tuple[float, float]:
+        return (_metric(after, "sf_trt:generation_tokens_total") - _metric(before, "sf_trt:generation_tokens_total"),
+                _metric(after, "sf_trt:prompt_tokens_total") - _metric(before, "sf_trt:prompt_tokens_total"))
+
+    got = deltas((await client.get("/metrics")).text)
+    settle = time.perf_counter() + METRICS_SETTLE_S
+    while got != usage and time.perf_counter() < settle:
+        await asyncio.sleep(0.25)
+        got = deltas((await client.get("/metrics")).text)
+    return got
+
+
+async def _verify_alone(client, args, rows: list[dict], records: list[_Record], failures: list[str]) -> int:
+    """Send each of ``records`` again alone, speculation off; a different answer is a failure.
+    Returns how many were checked."""
+    verified = 0
+    for r in records:
+        path, body = _body(args, rows[r.index % len(rows)], args.seed + r.index, speculate="none", stream=False)
+        resp = await client.post(path, json=body)
+        if resp.status_code != 200:
+            failures.append(f"request {r.index} alone: HTTP {resp.status_code}")
+            continue
+        choice = resp.json()["choices"][0]
+        text = choice.get("message", {}).get("content") if "message" in choice else choice.get("text")
+        if choice.get("token_ids") != r.token_ids or text != r.text:
+            failures.append(f"request {r.index}: its output under load differs from its answer alone (seed {args.seed + r.index})")
+        verified += 1
+    return verified
+
+
+def _throughputs_and_latencies(completed: list[_Record], duration: float, out_tokens: int, in_tokens: int) -> dict:
+    """vLLM's benchmark fields: token counts, throughputs, TTFT, TPOT, ITL (per chunk and per token), E2E latency."""
     tpots = [(r.end - r.start - r.ttft) / (len(r.token_ids) - 1) for r in completed if r.ttft is not None and len(r.token_ids) > 1]
     itl, itl_tok = [], []
     for r in completed:
         for a, b, k in zip(r.chunk_times, r.chunk_times[1:], r.chunk_tokens[1:]):
             itl.append(b - a)
             itl_tok += [(b - a) / k] * k
-    report = {
-        "completed": len(completed), "rejected": len(rejected), "failed": n - len(completed) - len(rejected),
-        "num_requests": n, "duration": round(duration, 3),
+    return {
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "request_throughput": round(len(completed) / duration, 3) if duration else 0.0,
         "output_throughput": round(out_tokens / duration, 2) if duration else 0.0,
@@ -271,12 +302,7 @@ async def loadtest(args) -> dict:
         **_percentiles("itl_ms", [1000 * x for x in itl]),
         **_percentiles("itl_per_token_ms", [1000 * x for x in itl_tok]),
         **_percentiles("e2el_ms", [1000 * (r.end - r.start) for r in completed]),
-        "metrics_generation_tokens_delta": gen_delta, "verified_alone": verified,
-        "settings": {"url": url, "request_rate": args.request_rate, "arrival": args.arrival, "max_concurrency": args.max_concurrency,
-                     "temperature": args.temperature, "seed": args.seed, "speculate": args.speculate, "max_tokens": args.max_tokens},
-        "failures": failures,
     }
-    return report
 
 
 def _prompts(args) -> list[dict]:

@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from ..abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from ..abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from ..drafting import DEFAULT_SCOPE
 from ..engine import TokenLogprobs
 from ..engine_loop import SHUTDOWN_ERROR, EngineLoop, NotServing, Output, Overloaded, RequestStream
@@ -109,8 +109,9 @@ Loader = Callable[[], tuple[EngineLoop, Any, int]]
 """Builds ``(engine loop, tokenizer, max_context)``; the app starts the loop."""
 
 
-def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
-    """The app over ``state``; with ``loader`` the model loads in the background at startup."""
+def _lifespan(state: ServerState, loader: Optional[Loader]):
+    """Start-up and shut-down: load the model in the background (``loader``) or start the
+    given engine; at shut-down drain the engine within ``state.drain_timeout_s``."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -138,6 +139,12 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
             if state.engine is not None:
                 await asyncio.to_thread(state.engine.shutdown, state.drain_timeout_s)
 
+    return lifespan
+
+
+def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
+    """The app over ``state``; with ``loader`` the model loads in the background at startup."""
+    lifespan = _lifespan(state, loader)
     app = FastAPI(title="sf_trt", version=__version__, lifespan=lifespan)
     app.state.sf = state
 
