@@ -51,16 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from sf_trt.cli.launch import open_backend, resolve
     from sf_trt.generate import Request
 
-    ap = argparse.ArgumentParser(prog="python tools/profile_decode.py", description=main.__doc__)
-    ap.add_argument("--prompts", type=Path, default=PROMPTS)
-    ap.add_argument("--prompt-id", default="story_lighthouse", help="the prompt's id in --prompts")
-    ap.add_argument("--max-tokens", type=int, default=192)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--weights", default=None, help="passed to the CLI's --weights (default: its default)")
-    ap.add_argument("--speculate", action="store_true", help="prompt lookup on (default: plain decode)")
-    ap.add_argument("--sample", action="store_true", help="temperature 0.8, top-p 0.95, seed 1 (default: greedy)")
-    ap.add_argument("--cprofile", type=int, default=0, metavar="N", help="one more run under cProfile; print its top N")
-    ap.add_argument("--json", action="store_true", help="print the timed run's numbers as one JSON object")
+    ap = _parser()
     args = ap.parse_args(argv)
 
     lines = [json.loads(s) for s in args.prompts.read_text().splitlines() if s.strip()]
@@ -107,16 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "decoder_runs": pass_timer.calls, "sampler_runs": sampler_timer.calls,
         "prefill_s": round(prefill["wall"], 3),
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(f"{out['model']} ({out['weights']}), prompt {args.prompt_id} ({len(ids)} tokens), {n} tokens, "
-              f"{'speculative' if args.speculate else 'plain'}, {'sampled' if args.sample else 'greedy'}, "
-              f"{args.threads} threads, load {out['load']}")
-        print(f"  {out['tokens_per_s']} tok/s end to end (prefill {out['prefill_s']} s); decode {out['decode_ms_per_token']} ms/token:")
-        print(f"  decoder pass {out['decoder_pass_ms_per_token']} ms/token ({pass_timer.calls} runs), "
-              f"outside it {out['outside_pass_ms_per_token']} ms/token ({100 * out['outside_pass_share']:.1f}%), "
-              f"of which sampler runs {out['sampler_ms_per_token']} ms/token ({sampler_timer.calls} runs)")
+    _print(out, args, pass_timer.calls, sampler_timer.calls)
     if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()
@@ -126,6 +108,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.cprofile)
         print(text.getvalue())
     prims.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python tools/profile_decode.py", description=main.__doc__)
+    ap.add_argument("--prompts", type=Path, default=PROMPTS)
+    ap.add_argument("--prompt-id", default="story_lighthouse", help="the prompt's id in --prompts")
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default=None, help="passed to the CLI's --weights (default: its default)")
+    ap.add_argument("--speculate", action="store_true", help="prompt lookup on (default: plain decode)")
+    ap.add_argument("--sample", action="store_true", help="temperature 0.8, top-p 0.95, seed 1 (default: greedy)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N", help="one more run under cProfile; print its top N")
+    ap.add_argument("--json", action="store_true", help="print the timed run's numbers as one JSON object")
+    return ap
+
+
+def _print(out: dict, args, decoder_runs: int, sampler_runs: int) -> None:
+    """The timed run's numbers: one JSON object with ``--json``, else three lines."""
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"{out['model']} ({out['weights']}), prompt {args.prompt_id} ({out['prompt_tokens']} tokens), {out['tokens']} tokens, "
+          f"{'speculative' if args.speculate else 'plain'}, {'sampled' if args.sample else 'greedy'}, "
+          f"{args.threads} threads, load {out['load']}")
+    print(f"  {out['tokens_per_s']} tok/s end to end (prefill {out['prefill_s']} s); decode {out['decode_ms_per_token']} ms/token:")
+    print(f"  decoder pass {out['decoder_pass_ms_per_token']} ms/token ({decoder_runs} runs), "
+          f"outside it {out['outside_pass_ms_per_token']} ms/token ({100 * out['outside_pass_share']:.1f}%), "
+          f"of which sampler runs {out['sampler_ms_per_token']} ms/token ({sampler_runs} runs)")
 
 
 def _prefill_seconds(gen, ids, mode, params, seed, pass_timer: _Timed) -> dict:
