@@ -1,9 +1,13 @@
-"""Helpers for tests that feed rows to a decoder backend: packing rows, comparing bits."""
+"""Helpers for tests that feed rows to a backend or the verify graph: packing rows, comparing bits, random sample rows."""
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
+import numpy as np
+import onnxruntime as ort
+
+from sf_trt.graphs import verify
 from sf_trt.primitives import Rows
 
 SEQ = np.random.default_rng(7).integers(0, 256, 48)
@@ -51,3 +55,15 @@ def random_sample_feeds(rng: np.random.Generator, top_k_limit: int, rows: int, v
         "draft": rng.integers(-1, vocab, rows, dtype=np.int64),
         "min_p": rng.choice([0.0, 0.0, 0.0, 0.05, 0.2, 0.5, 1.0, float(rng.uniform(0, 1))], rows).astype(np.float32),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def verify_session(vocab: int, top_k_limit: int = 16, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False, min_p: bool = True):
+    """A one-thread onnxruntime session of the verify graph (or its greedy twin), built once per arguments."""
+    if greedy:
+        model = verify.build_greedy_graph(vocab)
+    else:
+        model = verify.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

@@ -3,32 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
-import onnxruntime as ort
 
 from sf_trt.graphs import verify as V
 from sf_trt.primitives import SampleRows
 from sf_trt.backends.ort_sampler import OrtVerifySampler
 
 from rows import random_sample_feeds as random_feeds
+from rows import verify_session as session
 
 VOCABS = (5, 37, 64, 300)  # 64: no padding; the others padded to a multiple of 16
 
 
 TOPK_LIMIT = 16
-
-
-@functools.lru_cache(maxsize=None)
-def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False, min_p: bool = True):
-    if greedy:
-        model = V.build_greedy_graph(vocab)
-    else:
-        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def run(feeds, vocab, **kw):

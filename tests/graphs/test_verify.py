@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from sf_trt.graphs import verify as V
 from sf_trt.primitives import SampleRows
 
 from rows import random_sample_feeds as random_feeds
+from rows import verify_session as session
 
 SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,17 +37,6 @@ VARIANTS = tuple((k, p, m) for k in (True, False) for p in (True, False) for m i
 
 
 fast = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@functools.lru_cache(maxsize=None)
-def session(vocab: int, top_k_limit: int = TOPK_LIMIT, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False, min_p: bool = True):
-    if greedy:
-        model = V.build_greedy_graph(vocab)
-    else:
-        model = V.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def graph_feeds(feeds):
