@@ -71,7 +71,7 @@ from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill
 from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
-__all__ = ["Executor", "ExecutorConfig", "check_prompt"]
+__all__ = ["Executor", "ExecutorConfig", "check_prompt", "check_draft_scope"]
 
 _U32 = 2**32
 _I63 = 2**63
@@ -83,6 +83,14 @@ _FAULT = object()
 def _is_int(value: Any) -> bool:
     """An int or numpy integer, and not a bool (True is not lane 1)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_draft_scope(scope: Any, name: str) -> None:
+    """Refuse (``BAD_ARGUMENT``, the message starting with ``name``) a draft scope that is
+    neither None nor a str of at most :data:`MAX_SCOPE_CHARS` characters."""
+    if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
+        got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
+        raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
 
 
 def check_prompt(tokens: Any, caps: Capabilities) -> np.ndarray:
@@ -426,10 +434,7 @@ class Executor:
         lp = op.logprobs
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= TOP_LOGPROBS_MAX):
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
-        scope = op.draft_scope
-        if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
-            got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
-            raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
+        check_draft_scope(op.draft_scope, name)
         if free_after < 0:
             held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
             raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use{held}")

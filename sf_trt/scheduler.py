@@ -29,14 +29,13 @@ import collections
 import dataclasses
 import time
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence as Seq, Union
+from typing import Any, Callable, Iterator, Optional, Sequence as Seq, Union
 
-import numpy as np
 
 from .abi import Finish, Sampling, SamplingParams, Status, StatusError
 from .drafting import DEFAULT_SCOPE
 from .engine import Emit, Events, Plan, TokenLogprobs
-from .executor import MAX_SCOPE_CHARS, Executor
+from .executor import Executor, check_draft_scope
 from .strategies import KINDS
 
 __all__ = [
@@ -429,10 +428,7 @@ class Scheduler:
                 raise StatusError(Status.BAD_ARGUMENT, f"{name}: unknown drafter {request.drafter!r} (known: {sorted(DRAFTERS)})")
         if isinstance(request.max_draft, bool) or not isinstance(request.max_draft, int) or not 0 <= request.max_draft <= 256:
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: max_draft must be an int in 0..256 (got {request.max_draft!r})")
-        scope = request.draft_scope
-        if scope is not None and (not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS):
-            got = f"a str of {len(scope)} characters" if isinstance(scope, str) else type(scope).__name__
-            raise StatusError(Status.BAD_ARGUMENT, f"{name}: draft_scope must be None or a str of at most {MAX_SCOPE_CHARS} characters (got {got})")
+        check_draft_scope(request.draft_scope, name)
         if request.stop and self.tokenizer is None:
             raise StatusError(Status.UNSUPPORTED, f"{name}: stop strings need a tokenizer (none was given)")
         if any(not isinstance(s, str) or not s for s in request.stop):

@@ -169,3 +169,12 @@ def test_an_unknown_drafter_is_refused_before_any_request_runs():
         gen.run([Request([1, 2, 3]), Request([1, 2, 3], drafter="eagle")])
     assert err.value.status == Status.BAD_ARGUMENT and str(err.value).startswith("request 1: unknown drafter 'eagle'")
     assert gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()
+
+
+def test_a_bad_draft_scope_is_refused_before_any_request_runs():
+    gen = Generator(FakePrimitives(CFG))
+    with pytest.raises(StatusError) as err:
+        gen.run([Request([1, 2, 3]), Request([1, 2, 3], draft_scope="k" * 1025)])
+    assert err.value.status == Status.BAD_ARGUMENT
+    assert str(err.value) == "request 1: draft_scope must be None or a str of at most 1024 characters (got a str of 1025 characters)"
+    assert gen.executor.lanes == [] and gen.executor.snapshot()[3] == ()
