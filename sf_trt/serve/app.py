@@ -281,12 +281,12 @@ class _Job:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:  # contents stay text: a message cannot forge a control token (a role turn)
-            text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
             ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True)
         except TokenizerError as exc:
             raise ApiError(400, "BadRequestError", str(exc), "messages") from None
         k = (body.top_logprobs or 0) if body.logprobs else None
-        return _Job._build(state, engine, "chat", "chatcmpl", body, [ids], [text], k, body.max_completion_tokens or body.max_tokens)
+        # chat has no echo: its prompt text is never sent back
+        return _Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens)
 
     @staticmethod
     def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens) -> "_Job":
