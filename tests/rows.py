@@ -58,12 +58,18 @@ def random_sample_feeds(rng: np.random.Generator, top_k_limit: int, rows: int, v
 
 
 @functools.lru_cache(maxsize=None)
-def verify_session(vocab: int, top_k_limit: int = 16, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False, min_p: bool = True):
-    """A one-thread onnxruntime session of the verify graph (or its greedy twin), built once per arguments."""
+def verify_session(
+    vocab: int, top_k_limit: int = 16, top_k: bool = True, top_p: bool = True, debug: bool = True, greedy: bool = False, min_p: bool = True,
+    candidates: int = verify.CANDIDATES, nucleus: bool = False,
+):
+    """A one-thread onnxruntime session of the verify graph (or its greedy twin, or with
+    ``nucleus`` its nucleus path alone, which has no debug outputs), built once per arguments."""
     if greedy:
         model = verify.build_greedy_graph(vocab)
+    elif nucleus:
+        model = verify.build_candidate_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, candidates=candidates)
     else:
-        model = verify.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug)
+        model = verify.build_verify_graph(vocab, top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug, candidates=candidates)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

@@ -1,16 +1,21 @@
 """Verify-and-sample on onnxruntime: the graphs of :mod:`sf_trt.graphs.verify`, run on the CPU.
 
 :class:`OrtVerifySampler` holds sessions for the verify graph and its cheaper
-variants and runs, per call, the cheapest one that covers every row:
+variants and runs, per call, the cheapest ones that cover every row:
 
 * no Gumbel row: the greedy graph (``ArgMax`` + ``Equal``);
 * no Gumbel row with ``top_k > 0`` / with ``top_p < 1`` / with ``min_p > 0``: the
-  variant without the TopK / without the top-p bisection / without the min-p filter;
-* otherwise the full graph.
+  variant without the TopK / without top-p / without the min-p filter;
+* a Gumbel row with ``top_k > 0`` or ``top_p < 1``: first the nucleus path alone
+  (:func:`~sf_trt.graphs.verify.build_candidate_graph`, the draw over the row's
+  largest ``candidates`` tokens), then, for the rows it does not cover, the verify
+  graph on those rows only;
+* otherwise the verify graph.
 
-Each variant draws bit-for-bit what the full graph draws on the rows it covers
-(``tests/backends/test_ort_sampler.py`` checks it), so which one ran, which depends on the
-other rows of the batch, never changes a row's token (SPEC behaviour 3).
+Each graph draws bit-for-bit what the full verify graph draws on the rows it covers
+(``tests/backends/test_ort_sampler.py`` checks it), and no row's draw depends on the
+other rows of a run, so which graphs ran, which depends on the other rows of the
+batch, never changes a row's token (SPEC behaviour 3).
 Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts
 (:func:`sf_trt.graphs.verify.sample_feeds`: the fields, and the row's noise keys from its
 ``rng_counter_base`` and ``position``).
@@ -31,31 +36,35 @@ class OrtVerifySampler:
     """The verify-and-sample graph on onnxruntime's CPU provider.
 
     ``run(logits [K, vocab], sample)`` returns ``(tokens [K] int64, match [K] bool)``.
+    ``candidates`` is the nucleus path's width (:data:`sf_trt.graphs.verify.CANDIDATES`);
+    it is part of the sampler's semantics, as TensorRT's verify engine is built with it.
     """
 
-    def __init__(self, vocab: int, top_k_limit: int = 1024, threads: int = 1) -> None:
+    def __init__(self, vocab: int, top_k_limit: int = 1024, threads: int = 1, candidates: int = _verify.CANDIDATES) -> None:
         self.vocab = int(vocab)
         self.top_k_limit = int(top_k_limit)
         self.threads = int(threads)
+        self.candidates = int(candidates)
         self._greedy = self._session(_verify.build_greedy_graph(self.vocab))
-        self._full = self._session(_verify.build_verify_graph(self.vocab, self.top_k_limit))
-        # (top_k used, top_p used, min_p used) -> session; built on first use.
-        self._variants = {(True, True, True): self._full}
+        # (nucleus path alone, top_k used, top_p used, min_p used) -> session; built on first use.
+        self._variants: dict[tuple[bool, bool, bool, bool], object] = {}
+        self._variant(False, True, True, True)  # the full graph: checks the arguments now
 
     def _session(self, model):
         return open_session(model, threads=self.threads)
 
-    def _variant(self, top_k: bool, top_p: bool, min_p: bool):
-        key = (top_k, top_p, min_p)
+    def _variant(self, nucleus: bool, top_k: bool, top_p: bool, min_p: bool):
+        key = (nucleus, top_k, top_p, min_p)
         if key not in self._variants:
-            self._variants[key] = self._session(
-                _verify.build_verify_graph(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p)
-            )
+            build = _verify.build_candidate_graph if nucleus else _verify.build_verify_graph
+            model = build(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, candidates=self.candidates)
+            self._variants[key] = self._session(model)
         return self._variants[key]
 
     def session_for(self, sample: SampleRows) -> str:
         """Which graph :meth:`run` uses for ``sample``: ``"greedy"`` or
-        ``"gumbel[+top_k][+top_p][+min_p]"``."""
+        ``"gumbel[+top_k][+top_p][+min_p]"`` (with ``top_k`` or ``top_p``, the nucleus path
+        first, then that graph on the rows it does not cover)."""
         gumbel = np.asarray(sample.mode) == _verify.GUMBEL
         if not gumbel.any():
             return "greedy"
@@ -72,8 +81,16 @@ class OrtVerifySampler:
         # the greedy graph reads no noise: skip hashing the rows' keys for it
         feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **_verify.sample_feeds(sample, noise=which != "greedy")}
         if which == "greedy":
-            sess = self._greedy
-        else:
-            sess = self._variant("+top_k" in which, "+top_p" in which, "+min_p" in which)
-        tokens, match = sess.run(list(_verify.OUTPUTS), feeds)
-        return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
+            tokens, match = self._greedy.run(list(_verify.OUTPUTS), feeds)
+            return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
+        flags = ("+top_k" in which, "+top_p" in which, "+min_p" in which)
+        if not (flags[0] or flags[1]):  # no row can be covered by candidates
+            tokens, match = self._variant(False, *flags).run(list(_verify.OUTPUTS), feeds)
+            return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
+        tokens, match, covered = self._variant(True, *flags).run([*_verify.OUTPUTS, _verify.COVERED], feeds)
+        tokens, match = tokens.astype(np.int64), match.astype(bool)
+        if not covered.all():  # the rows whose kept tokens reach past the candidates: the whole vocabulary
+            rest = np.flatnonzero(~covered)
+            sub = {name: np.ascontiguousarray(value[rest]) for name, value in feeds.items()}
+            tokens[rest], match[rest] = self._variant(False, *flags).run(list(_verify.OUTPUTS), sub)
+        return tokens, match

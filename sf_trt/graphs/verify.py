@@ -3,8 +3,9 @@
 ``build_verify_graph(vocab, top_k_limit)`` returns the ONNX graph the fake runs on
 onnxruntime and ``sf-trt build`` turns into a TensorRT engine (always fp32);
 ``build_greedy_graph(vocab)`` is its greedy-only twin with the same inputs and
-outputs, for batches with no Gumbel row. ``reference_verify_sample`` is a numpy
-model of the same sampler, for tests only.
+outputs, for batches with no Gumbel row; ``build_candidate_graph(vocab, top_k_limit)``
+its nucleus path alone, for onnxruntime ("Cost" below). ``reference_verify_sample`` is
+a numpy model of the same sampler, for tests only.
 
 Inputs (``rows`` is the one dynamic dim, the vocabulary ``V`` is static):
 
@@ -28,7 +29,8 @@ The noise keys are :func:`noise_keys` of the row's ``rng_counter_base`` (the lan
 :func:`sample_feeds` turns :class:`sf_trt.primitives.SampleRows` into every input but
 ``logits``. The graph states their ranges in its metadata (:mod:`sf_trt.graphs.ranges`).
 
-Outputs: ``tokens`` int64 ``[R]``, ``match`` bool ``[R]`` (``tokens == draft``).
+Outputs: ``tokens`` int64 ``[R]``, ``match`` bool ``[R]`` (``tokens == draft``);
+:func:`build_candidate_graph` adds ``covered`` bool ``[R]``.
 
 Semantics, per row (nothing mixes rows, so a row's token never depends on the batch):
 
@@ -36,12 +38,39 @@ Semantics, per row (nothing mixes rows, so a row's token never depends on the ba
 * Gumbel: ``s = logits / temperature``; top-k keeps ``s >= kth`` (the k-th largest
   ``s``, ties kept); min-p keeps ``exp(s - m) >= min_p`` (a token's probability at
   least ``min_p`` times the most likely one's, over the whole vocabulary, as vLLM's
-  ``min_p``); top-p on the softmax ``p`` of the tokens both kept keeps ``s >= lo``,
-  where ``lo`` comes from :data:`BISECT_STEPS` bisection steps over
-  ``[max(kth, m - BISECT_SPAN), m]`` (``m`` the largest ``s``) that keep
-  ``mass(s >= lo) >= top_p``; ``top_p >= 1`` keeps everything (an explicit ``Or``);
-  the argmax is always kept (``lo <= m``). The token is the argmax over kept tokens
-  of ``s + g``, ``g = -log(-log(u))``, ``u`` from the integer hash below.
+  ``min_p``); top-p on the softmax ``p`` of the tokens both kept keeps ``s >= lo``;
+  ``top_p >= 1`` keeps everything (an explicit ``Or``). The token is the argmax over
+  kept tokens of ``s + g``, ``g = -log(-log(u))``, ``u`` from the integer hash below,
+  the lowest id winning ties. Top-p's ``lo`` comes from one of two paths:
+
+  - **the nucleus path.** The candidates are the ``C = min(V, candidates)`` largest
+    ``s`` (:data:`CANDIDATES`, a TopK, descending). ``e_k`` is ``exp(s - m)`` (``m``
+    the largest ``s``) on the tokens top-k and min-p keep, 0 elsewhere; ``Z`` its sum
+    over the whole vocabulary (one ``ReduceSum``). The running sum of the candidates'
+    ``e_k`` in descending order (a float32 ``CumSum``) gives ``lo_p``: the value of the
+    first candidate at which it reaches ``top_p * Z``, the last candidate's value if it
+    never does. ``lo = max(lo_p, kth)`` over the filters a row has on (``-inf`` with
+    neither). The row is **covered** when ``lo`` is above the ``C``-th largest ``s``:
+    then every token with ``s >= lo``, ties included, is a candidate, and the draw is
+    made over the candidates alone. That is the same draw as over the whole vocabulary:
+    no token outside the candidates is kept, a token's ``g`` depends on its id and the
+    row's keys only (the candidates' hash states are gathered by id), and the tie rule
+    (``ReduceMin`` of the ids with the best score) is the whole-vocabulary ``ArgMax``'s.
+  - **the bisection**, on rows not covered (the nucleus reaches past the candidates,
+    or neither top-k nor top-p is on): :data:`BISECT_STEPS` bisection steps over
+    ``[max(kth, m - BISECT_SPAN), m]`` for the largest ``lo`` that keeps
+    ``mass(s >= lo) >= top_p * Z``, and the draw over the whole vocabulary.
+
+  On a covered row top-p is exact: the shortest run of tokens in descending order whose
+  mass reaches ``top_p * Z``, every token tied with its last one kept. The bisection
+  keeps that set plus any token within its final bracket (under 3e-6) below it. Both
+  paths keep the argmax (``lo <= m``).
+
+  Why not cap the nucleus at the candidates (llama.cpp's and TensorRT-LLM's samplers cap
+  top-k-then-top-p at a fixed size): a cap would change top-p's distribution on flat
+  rows, while the fallback keeps it. With ``C = 256`` the candidates cover the nucleus
+  on all but a few rows in a thousand of SmolLM2-135M at temperature 0.8, top-p 0.95
+  (docs/benchmarks.md, "The sampler"), so the bisection's cost is rarely paid.
 
 Why ``m - BISECT_SPAN`` bounds the bracket: a token with ``s < m - D`` has
 probability below ``exp(-D)``, so all of them together hold less than
@@ -88,11 +117,21 @@ by an ulp (``Log`` does); with every row a whole number of 64-byte blocks, each
 row's elements take the same path wherever the row sits in the batch. Padded
 tokens score ``-inf`` and never win.
 
+The candidates' Logs run on ``[R, C]`` padded to a multiple of :data:`PAD_TO` (with
+``u = 0.5``, then cut off), for the same reason.
+
 Cost. Greedy-only batches should run :func:`build_greedy_graph`. For Gumbel
 batches the ``top_k=False`` / ``top_p=False`` / ``min_p=False`` variants drop the
-TopK / the bisection (24 passes over ``[R, Vp]``, most of the cost on a CPU) / the
-min-p filter; they draw exactly what the full graph draws on rows with
-``top_k = 0`` / ``top_p >= 1`` / ``min_p = 0``.
+top-k filter / top-p / the min-p filter; they draw exactly what the full graph draws
+on rows with ``top_k = 0`` / ``top_p >= 1`` / ``min_p = 0``. The full graph computes
+both paths and picks one per row (``Where``), which is what TensorRT runs. On a CPU
+the bisection (24 passes over ``[R, Vp]``) and the whole-vocabulary hash and Logs are
+most of the cost; the nucleus path reads ``[R, Vp]`` only for the TopK, ``Exp``,
+``Z`` and the masks, and hashes ``[R, C]``. :func:`build_candidate_graph` is the
+nucleus path alone, with an output saying which rows it covered: onnxruntime's runner
+runs it and then the full graph on the uncovered rows only
+(:class:`sf_trt.backends.ort_sampler.OrtVerifySampler`). On SmolLM2's ``[9, 49152]``
+logits it costs 1.7 ms against 11.8 ms for the bisection (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -108,9 +147,9 @@ from .ranges import declare_ranges
 
 __all__ = [
     "OPSET", "ROWS", "LOGITS", "SAMPLE_FIELDS", "NOISE_ADD", "NOISE_MUL", "SAMPLE_INPUTS", "INPUTS",
-    "TOKENS", "MATCH", "OUTPUTS", "GREEDY", "GUMBEL", "TOPK_MAX_K", "PAD_TO", "BISECT_STEPS", "BISECT_SPAN",
+    "TOKENS", "MATCH", "OUTPUTS", "COVERED", "GREEDY", "GUMBEL", "TOPK_MAX_K", "PAD_TO", "CANDIDATES", "BISECT_STEPS", "BISECT_SPAN",
     "ROUNDS", "LIMB", "MUL_RANGE", "U_BITS", "MAX_VOCAB", "DEBUG_OUTPUTS",
-    "build_verify_graph", "build_greedy_graph", "padded_vocab", "topk_k",
+    "build_verify_graph", "build_candidate_graph", "build_greedy_graph", "padded_vocab", "topk_k",
     "noise_keys", "sample_feeds", "token_states", "hash_u", "hash_bits", "reference_verify_sample",
 ]
 
@@ -126,6 +165,8 @@ SAMPLE_INPUTS = SAMPLE_FIELDS[:4] + (NOISE_ADD, NOISE_MUL) + SAMPLE_FIELDS[4:]
 INPUTS = (LOGITS,) + SAMPLE_INPUTS
 TOKENS, MATCH = "tokens", "match"
 OUTPUTS = (TOKENS, MATCH)
+COVERED = "covered"
+"""The extra output of :func:`build_candidate_graph`: bool ``[R]``, the rows whose tokens it drew."""
 DEBUG_OUTPUTS = ("u", "keep", "lo")
 """Extra outputs of ``build_verify_graph(..., debug=True)``: ``u`` float32 ``[R, Vp]``,
 ``keep`` bool ``[R, Vp]`` (the candidate set of a Gumbel row), ``lo`` float32 ``[R, 1]``."""
@@ -134,6 +175,8 @@ TOPK_MAX_K = 3840
 """TensorRT's TopK takes ``K < 3840`` (its ONNX parser's TopK importer); stated here, where the
 graph is built, and checked by ``sf_trt.export.trt_support`` too."""
 PAD_TO = 16
+CANDIDATES = 256
+"""How many of a row's largest ``s`` the nucleus path draws from (module docstring, "Cost")."""
 BISECT_STEPS = 24
 BISECT_SPAN = 48.0
 ROUNDS = 3
@@ -325,6 +368,8 @@ class _Builder(GraphBuilder):
     """The graph builder with the hash's int32 ops (scalars are initializers that broadcast),
     so :func:`_feistel` runs on ONNX tensors as it runs on numpy arrays (:class:`_NumpyOps`)."""
 
+    hash_inputs = None  # set by _hash_inputs
+
     def _i32(self, v):
         return v if isinstance(v, str) else self.init(np.array(v, np.int32))
 
@@ -387,49 +432,109 @@ def build_greedy_graph(vocab: int) -> onnx.ModelProto:
 
 def build_verify_graph(
     vocab: int, top_k_limit: int = 1024, *, top_k: bool = True, top_p: bool = True, min_p: bool = True,
-    debug: bool = False,
+    debug: bool = False, candidates: int = CANDIDATES,
 ) -> onnx.ModelProto:
     """The verify-and-sample graph (module docstring: inputs, outputs, semantics, bounds).
 
     ``top_k_limit`` is the largest ``top_k`` a row may ask for; the TopK's static K is
-    ``min(vocab, top_k_limit)`` and must stay below 3840 (TensorRT).
+    ``min(vocab, top_k_limit)`` and must stay below 3840 (TensorRT). It is also the
+    number of candidates of the nucleus path ("Cost" in the module docstring).
 
-    ``top_k=False`` / ``top_p=False`` / ``min_p=False`` leave out the TopK / the bisection /
-    the min-p filter: such a graph treats every row as ``top_k = 0`` / ``top_p = 1`` /
-    ``min_p = 0``, and on rows that are so it draws
+    ``top_k=False`` / ``top_p=False`` / ``min_p=False`` leave out the TopK / the top-p
+    threshold / the min-p filter: such a graph treats every row as ``top_k = 0`` /
+    ``top_p = 1`` / ``min_p = 0``, and on rows that are so it draws
     bit-for-bit what the full graph draws (the same ops on the same values; the tests
     check it), so a runner may pick the cheapest variant that covers a batch.
     ``debug=True`` adds the outputs :data:`DEBUG_OUTPUTS`, for tests.
     """
-    _check_vocab("build_verify_graph", vocab)
-    if isinstance(top_k_limit, bool) or not isinstance(top_k_limit, (int, np.integer)) or top_k_limit < 1:
-        raise ValueError(f"build_verify_graph: top_k_limit must be an int >= 1 (got {top_k_limit!r})")
-    if top_k_limit >= TOPK_MAX_K:
-        raise ValueError(
-            f"build_verify_graph: top_k_limit {top_k_limit} must be below {TOPK_MAX_K} (TensorRT's TopK bound on K)"
-        )
-    V, Vp, K = int(vocab), padded_vocab(int(vocab)), topk_k(int(vocab), int(top_k_limit))
+    return _build(
+        "build_verify_graph", vocab, top_k_limit, candidates, top_k=top_k, top_p=top_p, min_p=min_p, debug=debug, full=True
+    )
+
+
+def build_candidate_graph(
+    vocab: int, top_k_limit: int = 1024, *, top_k: bool = True, top_p: bool = True, min_p: bool = True,
+    candidates: int = CANDIDATES,
+) -> onnx.ModelProto:
+    """The nucleus path of :func:`build_verify_graph` alone, for onnxruntime: the same inputs,
+    outputs ``tokens``, ``match`` and :data:`COVERED` (bool ``[R]``).
+
+    On a row with ``covered`` true (every greedy row, and every Gumbel row whose kept tokens
+    all lie among the TopK candidates) ``tokens`` and ``match`` are bit-for-bit what
+    :func:`build_verify_graph` with the same flags gives; on the other rows they mean
+    nothing, and a runner draws them with :func:`build_verify_graph`
+    (:class:`sf_trt.backends.ort_sampler.OrtVerifySampler` does). ``top_k`` or ``top_p``
+    must be on: without them no row can be covered.
+    """
+    if not (top_k or top_p):
+        raise ValueError("build_candidate_graph: needs top_k or top_p (got both False: no row could be covered)")
+    return _build(
+        "build_candidate_graph", vocab, top_k_limit, candidates, top_k=top_k, top_p=top_p, min_p=min_p, debug=False, full=False
+    )
+
+
+def _check_k(fn: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{fn}: {name} must be an int >= 1 (got {value!r})")
+    if value >= TOPK_MAX_K:
+        raise ValueError(f"{fn}: {name} {value} must be below {TOPK_MAX_K} (TensorRT's TopK bound on K)")
+    return int(value)
+
+
+def _build(
+    fn: str, vocab, top_k_limit, candidates, *, top_k: bool, top_p: bool, min_p: bool, debug: bool, full: bool,
+) -> onnx.ModelProto:
+    """Both graphs: ``full`` adds the whole-vocabulary path and picks it on rows not covered."""
+    _check_vocab(fn, vocab)
+    top_k_limit, candidates = _check_k(fn, "top_k_limit", top_k_limit), _check_k(fn, "candidates", candidates)
+    V, Vp, K, C = int(vocab), padded_vocab(int(vocab)), topk_k(int(vocab), top_k_limit), topk_k(int(vocab), candidates)
     b = _Builder()
     greedy = b.op("ArgMax", [LOGITS], "greedy", axis=1, keepdims=0, select_last_index=0)  # [R]: build_greedy_graph's
     is_gumbel = b.op("Equal", ["mode", b.i64(GUMBEL)], "is_gumbel")  # [R] bool
     s = _scaled_logits(b, is_gumbel, V, Vp)  # [R, Vp]
-    keep, m, kth_on = _top_k_filter(b, s, K) if top_k else (None, b.op("ReduceMax", [s], "m", axes=[1], keepdims=1), None)
+    cands = None
+    if top_k or top_p:
+        width = max(K, C) if top_k else C
+        vals, ids = b.op("TopK", [s, b.i64([width])], "topk", n_out=2, axis=1, largest=1, sorted=1)  # [R, width] each
+        cands = (vals, ids) if width == C else tuple(b.op("Slice", [x, b.i64([0]), b.i64([C]), b.i64([1])], "cand") for x in (vals, ids))
+        m = b.op("Slice", [vals, b.i64([0]), b.i64([1]), b.i64([1])], "m")  # [R, 1]: the largest s
+    else:
+        m = b.op("ReduceMax", [s], "m", axes=[1], keepdims=1)  # [R, 1]
+    keep, kth_on = _top_k_filter(b, s, vals, K) if top_k else (None, None)
     e = b.op("Exp", [b.op("Sub", [s, m])], "e") if (min_p or top_p) else None  # [R, Vp]: exp(s - m) in [0, 1]; 1 at the argmax
     if min_p:
         # Min-p: keep p / p_max = exp(s - m) >= min_p, compared on the [R, Vp] values (no
         # per-row Log: a transcendental on an [R, 1] column could round by where the row sits).
         keep_m = b.op("GreaterOrEqual", [e, b.col("min_p")], "keep_m")  # [R, Vp]; min_p = 0 keeps all
         keep = keep_m if keep is None else b.op("And", [keep, keep_m], "keep_km")
-    lo = None
-    if top_p:
-        keep, lo = _top_p_filter(b, s, m, e, keep, kth_on)
-    gumbel, u = _gumbel_argmax(b, s, keep, Vp)  # [R], [R, Vp]
+    mass = _top_p_mass(b, e, keep) if top_p else None  # (e on kept tokens [R, Vp], top_p * Z [R, 1])
+    tokens_at = {}
+    if cands is not None:
+        tokens_at["cand"], covered, lo_cand = _candidate_draw(b, m, cands, keep, kth_on, mass, C, Vp)
+    if full:
+        keep_full, lo = keep, None
+        if top_p:
+            keep_full, lo = _top_p_bisect(b, s, m, keep, kth_on, mass)
+        tokens_at["full"], u = _gumbel_argmax(b, s, keep_full, Vp)  # [R], [R, Vp]
+        debug_keep_lo = (keep_full, lo)
+    if full and cands is not None:
+        gumbel = b.op("Where", [b.op("Squeeze", [covered, b.i64([1])], "covered_r"), tokens_at["cand"], tokens_at["full"]], "gumbel")
+    else:
+        gumbel = tokens_at["full" if full else "cand"]
     tokens = b.named("Where", [is_gumbel, gumbel, greedy], TOKENS)  # [R]
     b.named("Equal", [tokens, "draft"], MATCH)  # [R]
     inputs, outputs = _io(V)
+    if not full:
+        b.named("Or", [b.op("Not", [is_gumbel]), b.op("Squeeze", [covered, b.i64([1])], "covered_r")], COVERED)  # [R]
+        outputs.append(helper.make_tensor_value_info(COVERED, TensorProto.BOOL, [ROWS]))
     if debug:
-        outputs += _debug_outputs(b, s, m, u, keep, lo, Vp)
-    model = b.model("verify", inputs, outputs, producer="sf_trt.graphs.verify", metadata={"top_k_limit": int(top_k_limit)})
+        keep_dbg, lo_dbg = debug_keep_lo
+        if cands is not None:
+            keep_dbg, lo_dbg = _picked_debug(b, s, m, covered, lo_cand, keep, keep_dbg, lo_dbg)
+        outputs += _debug_outputs(b, s, m, u, keep_dbg, lo_dbg, Vp)
+    name = "verify" if full else "verify_candidates"
+    metadata = {"top_k_limit": top_k_limit, "candidates": candidates}
+    model = b.model(name, inputs, outputs, producer="sf_trt.graphs.verify", metadata=metadata)
     return _declare_ranges(model)
 
 
@@ -444,30 +549,78 @@ def _scaled_logits(b: _Builder, is_gumbel: str, V: int, Vp: int) -> str:
     return b.op("Div", [x, temp], "s")  # [R, Vp]
 
 
-def _top_k_filter(b: _Builder, s: str, K: int) -> tuple[str, str, tuple[str, str]]:
+def _top_k_filter(b: _Builder, s: str, vals: str, K: int) -> tuple[str, tuple[str, str]]:
     """Top-k: keep s >= the k-th largest s (ties kept); off where top_k <= 0.
-    Returns the candidates ``[R, Vp]`` bool, the largest s ``m`` ``[R, 1]``, and the
-    k-th value with its on-flag (``[R, 1]`` each) for top-p's lower bound."""
+    Returns the kept tokens ``[R, Vp]`` bool and the k-th value with its on-flag
+    (``[R, 1]`` each) for top-p's lower bound and the candidates' threshold."""
     kcol = b.col("top_k")  # [R, 1]
-    vals, _ = b.op("TopK", [s, b.i64([K])], "topk", n_out=2, axis=1, largest=1, sorted=1)  # [R, K]
     kidx = b.op("Sub", [b.op("Min", [b.op("Max", [kcol, b.i64(1)]), b.i64(K)]), b.i64(1)], "kidx")  # [R, 1] in 0..K-1
     kth = b.op("GatherElements", [vals, kidx], "kth", axis=1)  # [R, 1]
     k_on = b.op("Greater", [kcol, b.i64(0)], "k_on")  # [R, 1]
     keep = b.op("Or", [b.op("GreaterOrEqual", [s, kth]), b.op("Not", [k_on])], "keep_k")  # [R, Vp]
-    m = b.op("Slice", [vals, b.i64([0]), b.i64([1]), b.i64([1])], "m")  # [R, 1]: the largest s
-    return keep, m, (kth, k_on)
+    return keep, (kth, k_on)
 
 
-def _top_p_filter(b: _Builder, s: str, m: str, e: str, keep, kth_on) -> tuple[str, str]:
-    """Top-p over the top-k- and min-p-filtered softmax (e on kept tokens, 0 elsewhere):
-    BISECT_STEPS bisection steps for the largest ``lo`` with ``mass(s >= lo) >= top_p * Z``.
-    Returns the candidates ``[R, Vp]`` and ``lo`` ``[R, 1]``."""
-    pcol = b.col("top_p")  # [R, 1]
-    axis1 = b.i64([1])
+def _top_p_mass(b: _Builder, e: str, keep) -> tuple[str, str]:
+    """The top-k- and min-p-filtered masses ``e_k`` ``[R, Vp]`` (e on kept tokens, 0
+    elsewhere) and top-p's target ``top_p * Z`` ``[R, 1]``, ``Z = sum(e_k) >= 1``."""
     if keep is not None:
         e = b.op("Mul", [e, b.mask(keep)], "e_k")  # [R, Vp]
-    z = b.op("ReduceSum", [e, axis1], "z", keepdims=1)  # [R, 1], >= 1 (the argmax's e is 1)
-    target = b.op("Mul", [pcol, z], "target")  # [R, 1]
+    z = b.op("ReduceSum", [e, b.i64([1])], "z", keepdims=1)  # [R, 1], >= 1 (the argmax's e is 1)
+    return e, b.op("Mul", [b.col("top_p"), z], "target")  # [R, 1]
+
+
+def _candidate_draw(b: _Builder, m: str, cands: tuple[str, str], keep, kth_on, mass, K: int, Vp: int) -> tuple[str, str, str]:
+    """The nucleus path: the draw over the TopK candidates ``[R]``, whether the row is
+    covered ``[R, 1]``, and its threshold ``lo`` ``[R, 1]``.
+
+    Top-p's threshold ``lo_p`` is the candidate value at which the running mass of the
+    candidates in descending order (a CumSum of their ``e_k``) first reaches ``top_p * Z``;
+    ``lo = max(lo_p, kth)`` over the filters that are on (``-inf`` if none); the row is
+    covered when ``lo`` is above the last candidate's value, so that every token with
+    ``s >= lo`` is a candidate, ties included. The draw is then the argmax of ``s + g``
+    over the kept candidates, ties to the lowest token id: the whole-vocabulary argmax."""
+    vals, ids = cands  # [R, K] float32 (descending), [R, K] int64
+    lows = []
+    if kth_on is not None:
+        kth, k_on = kth_on
+        lows.append(b.op("Where", [k_on, kth, b.f32(-np.inf)], "lo_k"))  # [R, 1]
+    if mass is not None:
+        e_k, target = mass
+        cum = b.op("CumSum", [b.op("GatherElements", [e_k, ids], "e_c", axis=1), b.i64(1)], "cum")  # [R, K], nondecreasing
+        lo_p = m  # [R, 1]: candidate j > 0 is needed while the mass before it, cum[j - 1], is short of the target
+        if K > 1:
+            short = b.op("Less", [b.op("Slice", [cum, b.i64([0]), b.i64([K - 1]), b.i64([1])], "cum_before"), target], "short")
+            after = b.op("Slice", [vals, b.i64([1]), b.i64([K]), b.i64([1])], "vals_after")  # [R, K - 1]
+            needed = b.op("Where", [short, after, b.f32(np.inf)], "needed")  # [R, K - 1]
+            lo_p = b.op("Min", [m, b.op("ReduceMin", [needed], "lo_short", axes=[1], keepdims=1)], "lo_p")  # [R, 1]
+        p_off = b.op("GreaterOrEqual", [b.col("top_p"), b.f32(1.0)], "p_off")  # [R, 1]: top_p >= 1 keeps everything
+        lows.append(b.op("Where", [p_off, b.f32(-np.inf), lo_p], "lo_pc"))  # [R, 1]
+    lo = lows[0] if len(lows) == 1 else b.op("Max", lows, "lo_c")  # [R, 1]
+    last = b.op("Slice", [vals, b.i64([K - 1]), b.i64([K]), b.i64([1])], "last")  # [R, 1]: the K-th largest s
+    covered = b.op("Greater", [lo, last], "covered")  # [R, 1]
+    kept = b.op("GreaterOrEqual", [vals, lo], "kept_c")  # [R, K]
+    if keep is not None:  # top-k (implied by lo) and min-p, read at the candidates
+        kept = b.op("And", [kept, b.op("GatherElements", [keep, ids], "keep_c", axis=1)], "kept_c")
+    adds, muls, states = _hash_inputs(b, Vp)
+    state_a, state_b = (b.op("Gather", [x, ids], f"{x}_c", axis=0) for x in states)  # [R, K] int32: the candidates' states
+    h = _feistel(b, state_a, state_b, adds, muls)  # [R, K] int32 in [0, 2**23)
+    loglog, _ = _loglog(b, h, K)  # [R, K]
+    score = b.op("Sub", [vals, loglog], "score_c")  # [R, K]: s + g
+    score = b.op("Where", [kept, score, b.f32(-np.inf)], "score_kept_c")  # [R, K]
+    best = b.op("ReduceMax", [score], "best", axes=[1], keepdims=1)  # [R, 1]
+    tied = b.op("Equal", [score, best], "tied")  # [R, K]
+    no_id = b.i64(np.iinfo(np.int64).max)
+    token = b.op("ReduceMin", [b.op("Where", [tied, ids, no_id], "tied_ids")], "cand", axes=[1], keepdims=0)  # [R]
+    return token, covered, lo
+
+
+def _top_p_bisect(b: _Builder, s: str, m: str, keep, kth_on, mass) -> tuple[str, str]:
+    """Top-p over the whole vocabulary, for rows the candidates do not cover:
+    BISECT_STEPS bisection steps for the largest ``lo`` with ``mass(s >= lo) >= top_p * Z``.
+    Returns the kept tokens ``[R, Vp]`` and ``lo`` ``[R, 1]``."""
+    e, target = mass
+    axis1 = b.i64([1])
     floor = b.op("Sub", [m, b.f32(BISECT_SPAN)], "floor")  # [R, 1]
     if kth_on is not None:
         kth, k_on = kth_on
@@ -479,31 +632,68 @@ def _top_p_filter(b: _Builder, s: str, m: str, e: str, keep, kth_on) -> tuple[st
     for _ in range(BISECT_STEPS):
         mid = b.op("Add", [b.op("Mul", [lo, half]), b.op("Mul", [hi, half])], "mid")  # [R, 1]; lo <= mid <= hi
         above = b.mask(b.op("GreaterOrEqual", [s, mid], "above"))  # [R, Vp]
-        mass = b.op("ReduceSum", [b.op("Mul", [e, above]), axis1], "mass", keepdims=1)  # [R, 1]
-        ok = b.op("GreaterOrEqual", [mass, target], "ok")  # [R, 1]
+        mass_above = b.op("ReduceSum", [b.op("Mul", [e, above]), axis1], "mass", keepdims=1)  # [R, 1]
+        ok = b.op("GreaterOrEqual", [mass_above, target], "ok")  # [R, 1]
         lo = b.op("Where", [ok, mid, lo], "lo")  # [R, 1]
         hi = b.op("Where", [ok, hi, mid], "hi")  # [R, 1]
-    p_off = b.op("GreaterOrEqual", [pcol, b.f32(1.0)], "p_off")  # [R, 1]: top_p >= 1 keeps everything
+    p_off = b.op("GreaterOrEqual", [b.col("top_p"), b.f32(1.0)], "p_off")  # [R, 1]: top_p >= 1 keeps everything
     keep_p = b.op("Or", [b.op("GreaterOrEqual", [s, lo]), p_off], "keep_p")  # [R, Vp]; lo <= m: the argmax stays
     return (keep_p if keep is None else b.op("And", [keep, keep_p], "keep")), lo
 
 
+def _hash_inputs(b: _Builder, Vp: int) -> tuple[list[str], list[str], tuple[str, str]]:
+    """What the hash reads, made once per graph: the row's host-made keys (ROUNDS columns
+    ``[R, 1]`` each of ``noise_add`` and ``noise_mul``) and the token states ``(A, B)``,
+    int32 ``[Vp]`` initializers."""
+    if b.hash_inputs is None:
+        ones = b.i64(np.ones(ROUNDS, np.int64))
+        adds = b.op("Split", [NOISE_ADD, ones], "noise_add", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [0, 4096)
+        muls = b.op("Split", [NOISE_MUL, ones], "noise_mul", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [1025, 2047]
+        states = tuple(b.init(x, name) for x, name in zip(token_states(Vp), ("token_a", "token_b")))
+        b.hash_inputs = (adds, muls, states)
+    return b.hash_inputs
+
+
+def _loglog(b: _Builder, h: str, width: int) -> str:
+    """``log(-log u)`` ``[R, width]`` (``= -g``, finite) of the hash bits ``h``, ``u = (h + 0.5) * 2**-23``
+    exact in ``[2**-24, 1 - 2**-24]``. The Logs run on rows padded to a multiple of PAD_TO (the
+    layout rule of the module docstring), then the padding is cut off."""
+    hf = b.op("Cast", [h], "hf", to=TensorProto.FLOAT)  # exact (< 2**24)
+    u = b.op("Mul", [b.op("Add", [hf, b.f32(0.5)]), b.f32(2.0**-U_BITS)], "u")
+    wide = padded_vocab(width)
+    x = u if wide == width else b.op("Pad", [u, b.i64([0, 0, 0, wide - width]), b.f32(0.5)], "u_wide", mode="constant")
+    loglog = b.op("Log", [b.op("Neg", [b.op("Log", [x])])], "loglog")
+    if wide != width:
+        loglog = b.op("Slice", [loglog, b.i64([0]), b.i64([width]), b.i64([1])], "loglog_cut")
+    return loglog, u
+
+
 def _gumbel_argmax(b: _Builder, s: str, keep, Vp: int) -> tuple[str, str]:
-    """The Gumbel-max draw ``[R]`` and its ``u`` ``[R, Vp]``: u from the hash (the row's host-made keys [R, 1], the
-    token states [1, Vp], three Feistel rounds on [R, Vp] in int32, every value in
-    [0, 2**24)), then ``argmax(s - log(-log u))`` over the candidates."""
-    ones = b.i64(np.ones(ROUNDS, np.int64))
-    adds = b.op("Split", [NOISE_ADD, ones], "noise_add", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [0, 4096)
-    muls = b.op("Split", [NOISE_MUL, ones], "noise_mul", n_out=ROUNDS, axis=1)  # ROUNDS x [R, 1] in [1025, 2047]
-    state_a, state_b = (b.init(x.reshape(1, Vp), name) for x, name in zip(token_states(Vp), ("token_a", "token_b")))
+    """The Gumbel-max draw ``[R]`` over the whole vocabulary and its ``u`` ``[R, Vp]``: u from the
+    hash (the row's host-made keys [R, 1], the token states [Vp], three Feistel rounds on
+    [R, Vp] in int32, every value in [0, 2**24)), then ``argmax(s - log(-log u))`` over the
+    kept tokens."""
+    adds, muls, (state_a, state_b) = _hash_inputs(b, Vp)
     h = _feistel(b, state_a, state_b, adds, muls)  # [R, Vp] int32 in [0, 2**23)
-    hf = b.op("Cast", [h], "hf", to=TensorProto.FLOAT)  # [R, Vp], exact (< 2**24)
-    u = b.op("Mul", [b.op("Add", [hf, b.f32(0.5)]), b.f32(2.0**-U_BITS)], "u")  # [R, Vp], exact, in [2**-24, 1 - 2**-24]
-    loglog = b.op("Log", [b.op("Neg", [b.op("Log", [u])])], "loglog")  # [R, Vp]: log(-log u) = -g, finite
+    loglog, u = _loglog(b, h, Vp)  # [R, Vp]: log(-log u) = -g, finite
     score = b.op("Sub", [s, loglog], "score")  # [R, Vp]: s + g
     if keep is not None:
-        score = b.op("Where", [keep, score, b.f32(-np.inf)], "score_kept")  # [R, Vp]: -inf off the candidates
+        score = b.op("Where", [keep, score, b.f32(-np.inf)], "score_kept")  # [R, Vp]: -inf off the kept tokens
     return b.op("ArgMax", [score], "gumbel", axis=1, keepdims=0, select_last_index=0), u
+
+
+def _picked_debug(b: _Builder, s: str, m: str, covered: str, lo_c: str, filters, keep_full, lo_full) -> tuple[str, str]:
+    """The debug ``keep`` ``[R, Vp]`` and ``lo`` ``[R, 1]`` of the path each row took
+    (``filters``: top-k's and min-p's kept tokens, or None)."""
+    keep_c = b.op("GreaterOrEqual", [s, lo_c], "kept_lo")  # [R, Vp]
+    if filters is not None:
+        keep_c = b.op("And", [keep_c, filters], "keep_cand")
+    if keep_full is None:
+        keep_full = b.op("Equal", [s, s], "all")  # [R, Vp]: True but on NaN
+    if lo_full is None:
+        lo_full = b.op("Sub", [m, b.f32(np.inf)], "no_lo")  # [R, 1]: -inf
+    keep = b.op("Or", [b.op("And", [covered, keep_c]), b.op("And", [b.op("Not", [covered]), keep_full])], "keep_dbg")  # no bool Where on onnxruntime
+    return keep, b.op("Where", [covered, lo_c, lo_full], "lo_dbg")
 
 
 def _debug_outputs(b: _Builder, s: str, m: str, u: str, keep, lo, Vp: int) -> list[onnx.ValueInfoProto]:
@@ -536,14 +726,17 @@ def reference_verify_sample(
     min_p: np.ndarray | None = None,
     *,
     top_k_limit: int = 1024,
+    candidates: int = CANDIDATES,
     details: bool = False,
 ):
     """The sampler in numpy: ``(tokens [R] int64, match [R] bool)``.
 
     ``s`` is computed in float32 (bit-identical to the graph's ``Div``), ``u`` exactly as
-    the graph's; the softmax, the bisection and ``g`` run in float64, so a row whose
-    decision is within float32 rounding of a tie or of the top-p threshold may differ from
-    the graph. ``details=True`` adds a dict: ``keep`` [R, V], ``lo`` [R], ``s`` [R, V],
+    the graph's; the softmax, the candidates' running mass, the bisection and ``g`` run in
+    float64, so a row whose decision is within float32 rounding of a tie or of the top-p
+    threshold may differ from the graph. ``top_k_limit`` and ``candidates`` are the
+    graph's. ``details=True`` adds a dict: ``keep`` [R, V], ``lo`` [R], ``s`` [R, V],
+    ``covered`` [R] (the Gumbel rows the nucleus path draws),
     and how close each row is to such a flip: ``score_gap`` [R] (best minus second-best
     kept score), ``lo_gap`` [R] (the lowest ``s`` top-p keeps minus the highest it drops) and
     ``mass_gap`` [R] (distance from ``top_p`` to the nearest cumulative probability of the
@@ -582,6 +775,15 @@ def reference_verify_sample(
         hi = np.where(ok, hi, mid)
     p_off = tp >= 1.0
     keep = keep_k & ((s >= lo[:, None]) | p_off[:, None])
+    # the nucleus path: the running mass of the C candidates in descending order
+    C = topk_k(V, candidates)
+    cand = -np.sort(-s, axis=1)[:, :C]
+    cum = np.cumsum(np.take_along_axis(e, np.argsort(-s, axis=1, kind="stable")[:, :C], axis=1), axis=1)
+    lo_p = cand[np.arange(R), np.minimum((cum < target[:, None]).sum(axis=1), C - 1)]
+    lo_c = np.maximum(np.where(k_on, kth, -np.inf), np.where(p_off, -np.inf, lo_p))
+    covered = gum & (lo_c > cand[:, C - 1])
+    keep = np.where(covered[:, None], keep_k & (s >= lo_c[:, None]), keep)
+    lo = np.where(covered, lo_c, lo)
     u = hash_u(rng_counter_base, position, V)
     g = -np.log(-np.log(u))
     score = np.where(keep, s + g, -np.inf)
@@ -602,5 +804,5 @@ def reference_verify_sample(
         mass_gap = np.where(p_off, np.inf, np.min(np.abs(cum - tp[:, None]), axis=1))
         min_p_gap = np.where(mp > 0, np.min(np.abs(ratio - mp[:, None]), axis=1), np.inf)
     return tokens, match, {
-        "keep": keep, "lo": lo, "score_gap": score_gap, "lo_gap": lo_gap, "mass_gap": mass_gap, "min_p_gap": min_p_gap, "s": s,
+        "keep": keep, "lo": lo, "covered": covered, "score_gap": score_gap, "lo_gap": lo_gap, "mass_gap": mass_gap, "min_p_gap": min_p_gap, "s": s,
     }

@@ -129,8 +129,9 @@ def test_io_names_dims_and_dtypes():
 
 
 def test_topk_is_static_sorted_largest_and_below_3840():
-    for vocab, limit, k in ((37, 16, 16), (37, 1024, 37), (5000, 3839, 3839)):
-        model = V.build_verify_graph(vocab, limit)
+    # K = max(min(vocab, top_k_limit), min(vocab, candidates)): the k-th value and the candidates from one TopK
+    for vocab, limit, candidates, k in ((37, 16, 8, 16), (37, 16, 256, 37), (37, 1024, 256, 37), (5000, 3839, 256, 3839), (5000, 16, 256, 256)):
+        model = V.build_verify_graph(vocab, limit, candidates=candidates)
         inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
         (topk,) = [n for n in model.graph.node if n.op_type == "TopK"]
         attrs = {a.name: a.i for a in topk.attribute}
@@ -139,6 +140,8 @@ def test_topk_is_static_sorted_largest_and_below_3840():
     for bad in (3840, 5000):
         with pytest.raises(ValueError, match="3840"):
             V.build_verify_graph(5000, bad)
+        with pytest.raises(ValueError, match="candidates .*3840"):
+            V.build_verify_graph(5000, 16, candidates=bad)
     with pytest.raises(ValueError):
         V.build_verify_graph(37, 0)
 
