@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from sf_trt.graphs import verify as V
 from sf_trt.primitives import SampleRows
@@ -71,3 +72,57 @@ def test_sampler_converts_dtypes_and_layouts_and_handles_no_rows():
     got = sampler.run(wide, sample_rows(odd))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+class _Counted:
+    """A session whose runs are counted, with the rows each run got."""
+
+    def __init__(self, sess) -> None:
+        self.sess, self.rows = sess, []
+
+    def run(self, names, feeds):
+        self.rows.append(len(feeds["mode"]))
+        return self.sess.run(names, feeds)
+
+
+def test_sampler_runs_the_nucleus_path_then_the_full_graph_on_the_rows_it_does_not_cover_only():
+    vocab, candidates = 37, 4
+    sampler = OrtVerifySampler(vocab, top_k_limit=TOPK_LIMIT, candidates=candidates)
+    feeds = random_feeds(np.random.default_rng(5), TOPK_LIMIT, 40, vocab, gumbel_share=0.9)
+    feeds["top_p"][:10] = np.float32(0.99)  # wide nuclei: past 4 candidates
+    feeds["top_p"][10:20] = np.float32(0.2)  # narrow ones
+    sample = sample_rows(feeds)
+    key = (sampler.session_for(sample) + "+").split("+")
+    flags = tuple(f in key for f in ("top_k", "top_p", "min_p"))
+    nucleus_sess, full_sess = _Counted(sampler._variant(True, *flags)), _Counted(sampler._variant(False, *flags))
+    sampler._variants[(True, *flags)], sampler._variants[(False, *flags)] = nucleus_sess, full_sess
+    tokens, match = sampler.run(feeds["logits"], sample)
+    full = session(vocab, candidates=candidates).run(None, {"logits": feeds["logits"], **V.sample_feeds(sample)})
+    np.testing.assert_array_equal(tokens, full[0])
+    np.testing.assert_array_equal(match, full[1])
+    covered = session(vocab, candidates=candidates, nucleus=True).run(None, {"logits": feeds["logits"], **V.sample_feeds(sample)})[2]
+    assert nucleus_sess.rows == [40] and full_sess.rows == [int((~covered).sum())] and 0 < full_sess.rows[0] < 40
+    # a batch the candidates cover takes one run
+    f = {k: v[covered] for k, v in feeds.items()}
+    sampler.run(f["logits"], sample_rows(f))
+    assert nucleus_sess.rows == [40, int(covered.sum())] and len(full_sess.rows) == 1
+
+
+@pytest.mark.parametrize("candidates", [4, 16, V.CANDIDATES])
+def test_a_rows_token_is_the_same_in_every_batch_the_sampler_runs(candidates):
+    """Greedy, unfiltered, top-k, top-p and min-p rows, covered and not, alone and in batches of
+    every size: the sessions run depend on the batch, the tokens do not."""
+    vocab = 300
+    sampler = OrtVerifySampler(vocab, top_k_limit=TOPK_LIMIT, candidates=candidates)
+    rng = np.random.default_rng(candidates)
+    feeds = random_feeds(rng, TOPK_LIMIT, 24, vocab)
+    feeds["top_p"][:6] = np.float32(0.99)
+    tokens, match = sampler.run(feeds["logits"], sample_rows(feeds))
+    for r in range(24):
+        alone = sampler.run(feeds["logits"][r : r + 1], sample_rows({k: v[r : r + 1] for k, v in feeds.items()}))
+        assert (alone[0][0], alone[1][0]) == (tokens[r], match[r])
+    for size in (2, 3, 5, 9, 16):
+        idx = rng.choice(24, size, replace=False)
+        got = sampler.run(feeds["logits"][idx], sample_rows({k: v[idx] for k, v in feeds.items()}))
+        np.testing.assert_array_equal(got[0], tokens[idx])
+        np.testing.assert_array_equal(got[1], match[idx])

@@ -160,6 +160,27 @@ def test_verify_draws_are_bit_identical_with_integer_arithmetic_in_float32(name,
         assert u.size >= 10**5
 
 
+def nucleus_graphs():
+    """The nucleus path alone (onnxruntime's), each variant that has one."""
+    for top_k, top_p in ((True, True), (True, False), (False, True)):
+        yield f"nucleus top_k={top_k} top_p={top_p}", V.build_candidate_graph(VOCAB, TOPK_LIMIT, top_k=top_k, top_p=top_p)
+
+
+@pytest.mark.parametrize("name,model", list(nucleus_graphs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_the_nucleus_path_is_proven_and_bit_identical_with_integer_arithmetic_in_float32(name, model):
+    assert arithmetic_findings(model) == [], name
+    bounds = integer_bounds(model)
+    for node in integer_nodes(model, ARITHMETIC):
+        for tensor in list(node.input) + list(node.output):
+            assert bounds[tensor] is not None and bounds[tensor].magnitude() < EXACT_LIMIT, (name, node.name, tensor)
+    feeds = verify_feeds(corner_rows(256 - 25, 2), seed=3)
+    rewritten = float32_integer_arithmetic(model)
+    assert len(integer_nodes(model)) > 20 and integer_nodes(rewritten) == []
+    out = session(model).run(None, feeds)
+    assert_same(out, session(rewritten).run(None, feeds), name)
+    assert out[2].sum() > 100  # the draws compared are mostly the nucleus path's own
+
+
 def test_the_copy_model_is_bit_identical_with_integer_arithmetic_in_float32():
     vocab, lanes, context = 2**21, 3, 40  # the largest vocab its declared ranges keep exact
     model = build_copy_graph(vocab=vocab, eos=vocab - 1, max_lanes=lanes, max_context=context, copy_miss_every=3)

@@ -494,3 +494,130 @@ def test_noise_keys_are_the_same_for_few_rows_and_for_many():
             assert few[0].dtype == few[1].dtype == np.int32
     empty = V.noise_keys(np.zeros(0, np.int64), np.zeros(0, np.int64))
     assert empty[0].shape == empty[1].shape == (0, V.ROUNDS)
+
+
+# -- the nucleus path (top-p over the largest `candidates` tokens, the bisection as fallback) ---
+
+NUCLEUS_VARIANTS = tuple(v for v in VARIANTS if v[0] or v[1])  # the graphs with a nucleus path
+FEW = (1, 4, 12, 16)  # candidates: a single one, fewer than 16 (padded Logs), 16 (none padded)
+
+
+def nucleus(feeds, vocab, candidates, top_k=True, top_p=True, min_p=True):
+    """(tokens, match, covered) of the nucleus path alone."""
+    return session(vocab, top_k=top_k, top_p=top_p, min_p=min_p, candidates=candidates, nucleus=True).run(None, graph_feeds(feeds))
+
+
+def test_the_nucleus_graphs_check_and_use_only_the_ops_in_ops_md():
+    listed = ops_md_verify_ops()
+    assert {"CumSum", "Gather", "ReduceMin", "Less", "Squeeze"} <= listed
+    for vocab in (5, 37, 64):
+        for candidates in FEW + (256,):
+            for top_k, top_p, min_p in NUCLEUS_VARIANTS:
+                name = f"V={vocab} C={candidates} top_k={top_k} top_p={top_p} min_p={min_p}"
+                for model in (
+                    V.build_candidate_graph(vocab, TOPK_LIMIT, top_k=top_k, top_p=top_p, min_p=min_p, candidates=candidates),
+                    V.build_verify_graph(vocab, TOPK_LIMIT, top_k=top_k, top_p=top_p, min_p=min_p, candidates=candidates, debug=True),
+                ):
+                    onnx.checker.check_model(model, full_check=True)
+                    used = {n.op_type for n in model.graph.node}
+                    assert used <= listed, f"{name}: ops not in OPS.md: {sorted(used - listed)}"
+                    errors = errors_in(check_graph(model))
+                    assert {f.node for f in errors} == unread_inputs(name), (name, [str(f) for f in errors])
+    with pytest.raises(ValueError, match="needs top_k or top_p"):
+        V.build_candidate_graph(37, TOPK_LIMIT, top_k=False, top_p=False)
+
+
+def _covered_and_uncovered(seed: int, vocab: int, candidates: int, rows: int = 200):
+    feeds = random_feeds(np.random.default_rng(seed), TOPK_LIMIT, rows, vocab, gumbel_share=0.9)
+    feeds["top_p"][: rows // 4] = np.float32(0.99)  # wide nuclei: many rows past few candidates
+    return feeds
+
+
+@pytest.mark.parametrize("candidates", FEW)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_both_paths_equal_the_numpy_reference_on_covered_and_uncovered_rows(vocab, candidates):
+    feeds = _covered_and_uncovered(vocab * 100 + candidates, vocab, candidates)
+    tokens, match, u, keep, lo = run(feeds, vocab, candidates=candidates)
+    ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, candidates=candidates, details=True)
+    n_tokens, n_match, covered = nucleus(feeds, vocab, candidates)
+    gumbel = feeds["mode"] == V.GUMBEL
+    fragile = gumbel & ((d["score_gap"] < 1e-4) | (d["mass_gap"] < 1e-4) | (d["lo_gap"] < 1e-4) | (d["min_p_gap"] < 1e-5))
+    robust = ~fragile
+    np.testing.assert_array_equal(covered[robust], (d["covered"] | ~gumbel)[robust])
+    np.testing.assert_array_equal(tokens[robust], ref[robust])
+    np.testing.assert_array_equal(keep[robust][:, :vocab], d["keep"][robust])
+    exact = robust & covered & gumbel  # the nucleus path's lo is a candidate's s (the bisection's is computed in float64 there)
+    np.testing.assert_array_equal(lo[exact][:, 0], d["lo"][exact].astype(np.float32))
+    # both kinds of Gumbel row are there, and the nucleus path alone draws what the full graph draws where it covers
+    if candidates == 1:  # lo <= m, the one candidate's value: never above it
+        assert not (covered & gumbel).any()
+    else:
+        assert (covered & gumbel).sum() >= 20 and (~covered).sum() >= (5 if candidates < vocab else 1), (covered & gumbel).sum()
+    np.testing.assert_array_equal(n_tokens[covered], tokens[covered])
+    np.testing.assert_array_equal(n_match[covered], match[covered])
+    assert covered[~gumbel].all()
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS), st.sampled_from(FEW + (256,)))
+def test_the_nucleus_path_draws_bit_for_bit_what_every_variant_of_the_full_graph_draws_where_it_covers(seed, vocab, candidates):
+    feeds = random_feeds(np.random.default_rng(seed), TOPK_LIMIT, 12, vocab)
+    full = run(feeds, vocab, candidates=candidates)
+    for top_k, top_p, min_p in NUCLEUS_VARIANTS:
+        rows = np.ones(12, bool)  # the rows this variant covers
+        rows &= (feeds["top_k"] <= 0) | top_k
+        rows &= (feeds["top_p"] >= 1) | top_p
+        rows &= (feeds["min_p"] <= 0) | min_p
+        variant = run(feeds, vocab, top_k=top_k, top_p=top_p, min_p=min_p, candidates=candidates)
+        tokens, match, covered = nucleus(feeds, vocab, candidates, top_k, top_p, min_p)
+        np.testing.assert_array_equal(variant[0][rows], full[0][rows])
+        np.testing.assert_array_equal(tokens[covered & rows], full[0][covered & rows])
+        np.testing.assert_array_equal(match[covered & rows], full[1][covered & rows])
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS), st.sampled_from(FEW + (256,)), st.integers(1, 9))
+def test_the_nucleus_paths_rows_depend_on_nothing_but_the_row(seed, vocab, candidates, others):
+    rng = np.random.default_rng(seed)
+    feeds = random_feeds(rng, TOPK_LIMIT, others + 1, vocab)
+    first = nucleus(feeds, vocab, candidates)
+    for r in range(others + 1):  # each row alone: a batch of one
+        for a, b in zip(nucleus(take(feeds, [r]), vocab, candidates), first):
+            np.testing.assert_array_equal(a[0], b[r])
+    perm = rng.permutation(others + 1)
+    for a, b in zip(nucleus(take(feeds, perm), vocab, candidates), first):
+        np.testing.assert_array_equal(a, b[perm])
+    extra = random_feeds(rng, TOPK_LIMIT, 5, vocab)  # among other rows, at another index
+    mixed = {k: np.concatenate([extra[k][:3], feeds[k][:1], extra[k][3:]]) for k in feeds}
+    for a, b in zip(nucleus(mixed, vocab, candidates), first):
+        np.testing.assert_array_equal(a[3], b[0])
+
+
+def test_a_covered_row_keeps_the_exact_nucleus_and_an_uncovered_one_the_bisections():
+    """Token 1 sits 1e-6 below token 0, and the nucleus is token 0 alone (its mass 0.5 >= top_p 0.4):
+    the nucleus path keeps token 0 only; the bisection's bracket (under 3e-6 wide) keeps both."""
+    logits = np.full(37, -20.0, np.float32)
+    logits[0], logits[1] = 0.0, np.float32(-1e-6)
+    n = 2000
+    feeds = gumbel_rows(n, 37, logits, top_p=0.4)
+    tokens, _, covered = nucleus(feeds, 37, 16)
+    assert covered.all() and set(tokens.tolist()) == {0}
+    np.testing.assert_array_equal(run(feeds, 37, candidates=16)[0], tokens)
+    tokens, _, covered = nucleus(feeds, 37, 1)  # one candidate: the nucleus always reaches its last value
+    assert not covered.any()
+    bisected = run(feeds, 37, candidates=1)[0]
+    assert set(bisected.tolist()) == {0, 1} and 0.4 < np.mean(bisected == 0) < 0.6
+
+
+def test_ties_at_the_nucleus_threshold_are_all_kept_on_the_nucleus_path():
+    # probabilities 0.4, 0.15 x 4: top_p 0.5 is reached inside the tied group, so all four are kept
+    probs = np.array([0.4, 0.15, 0.15, 0.15, 0.15] + [1e-9] * 11)
+    lp = np.log(probs / probs.sum()).astype(np.float32)
+    feeds = gumbel_rows(8000, 16, lp, top_p=0.5)
+    tokens, _, covered = nucleus(feeds, 16, 8)
+    assert covered.all() and set(tokens.tolist()) == {0, 1, 2, 3, 4}
+    freq = np.bincount(tokens, minlength=5)[:5] / tokens.size
+    assert np.abs(freq - probs[:5] / probs[:5].sum()).max() < 0.03
+    # a tied group that reaches the last candidate is not covered: the whole vocabulary decides
+    _, _, covered = nucleus(feeds, 16, 4)
+    assert not covered.any()
