@@ -176,7 +176,7 @@ def bench(args) -> dict:
         "results": out,
         "throughput_tokens_per_s": {k: round(v, 2) for k, v in total.items()},
         "settings": {"lanes": args.lanes, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                     "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "backend": args.backend,
+                     "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "draft_policy": args.draft_policy, "backend": args.backend,
                      "weights": args.weights, "max_context": max_context},
     }
 

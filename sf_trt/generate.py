@@ -62,7 +62,12 @@ OnTokens = Callable[[int, list[int]], None]
 
 
 class Generator:
-    """Runs requests through one Executor, ``max_lanes`` of them at a time."""
+    """Runs requests through one Executor, ``max_lanes`` of them at a time.
+
+    ``policy``: how long each lane's drafts may be each tick (default
+    :class:`~sf_trt.scheduler.LoadAwareDrafting`: drafts while they pay, none in a full
+    batch; :class:`~sf_trt.scheduler.DraftPolicy` drafts whenever the drafter finds one).
+    No policy changes a token."""
 
     def __init__(
         self,
