@@ -51,6 +51,12 @@ def test_the_default_policy_sheds_drafts_in_a_full_batch_drafts_alone_and_change
     assert sum(r.proposed for r in full) < sum(r.proposed for r in one)  # 4 lanes: a draft of 1 at most
 
 
+def test_a_result_times_its_first_token():
+    gen = Generator(FakePrimitives(CFG), tick_tokens=1)  # a token a tick: the first comes before the finish
+    (res,) = gen.run([Request([1, 2, 3], params=SamplingParams(max_tokens=6, flags=SamplingFlag.IGNORE_EOS), speculate=False)])
+    assert len(res.tokens) == 6 and 0 < res.first_token_s < res.seconds
+
+
 def test_a_bad_request_is_refused_before_any_runs_and_leaves_nothing_behind():
     gen = Generator(FakePrimitives(CFG))
     with pytest.raises(StatusError) as err:

@@ -25,6 +25,8 @@ def test_bench_reports_identical_outputs(tmp_path):
             assert r["identical"] is True
             assert r["plain"]["tokens"] == r["spec"]["tokens"] > 0
             assert r["plain"]["tokens_per_s"] > 0 and r["spec"]["tokens_per_s"] > 0
+            assert 0 < r["plain"]["first_token_s"] and 0 < r["spec"]["first_token_s"]
+        assert report["prefill_seconds"] > 0 and all(report["decode_tokens_per_s"][k] > report["throughput_tokens_per_s"][k] for k in ("plain", "spec"))
         outputs[policy] = [(r["spec"]["tokens"], r["spec"]["finish"]) for r in report["results"]]
         assert sum(r["spec"]["proposed"] for r in report["results"]) > 0  # two lanes: both policies draft
     assert outputs["load-aware"] == outputs["always"]
