@@ -12,6 +12,10 @@ variants and runs, per call, the cheapest ones that cover every row:
   graph on those rows only;
 * otherwise the verify graph.
 
+When every Gumbel row's ``top_k`` is at most ``candidates``, the graphs are built with
+``top_k_limit = candidates``: one TopK of the candidates' width instead of
+``top_k_limit``'s, and the same k-th values (the sorted prefix of a wider TopK).
+
 Each graph draws bit-for-bit what the full verify graph draws on the rows it covers
 (``tests/backends/test_ort_sampler.py`` checks it), and no row's draw depends on the
 other rows of a run, so which graphs ran, which depends on the other rows of the
@@ -46,18 +50,20 @@ class OrtVerifySampler:
         self.threads = int(threads)
         self.candidates = int(candidates)
         self._greedy = self._session(_verify.build_greedy_graph(self.vocab))
-        # (nucleus path alone, top_k used, top_p used, min_p used) -> session; built on first use.
-        self._variants: dict[tuple[bool, bool, bool, bool], object] = {}
+        # (nucleus path alone, top_k used, top_p used, min_p used, top-k within the candidates) -> session;
+        # built on first use
+        self._variants: dict[tuple[bool, bool, bool, bool, bool], object] = {}
         self._variant(False, True, True, True)  # the full graph: checks the arguments now
 
     def _session(self, model):
         return open_session(model, threads=self.threads)
 
-    def _variant(self, nucleus: bool, top_k: bool, top_p: bool, min_p: bool):
-        key = (nucleus, top_k, top_p, min_p)
+    def _variant(self, nucleus: bool, top_k: bool, top_p: bool, min_p: bool, narrow: bool = False):
+        key = (nucleus, top_k, top_p, min_p, narrow)
         if key not in self._variants:
             build = _verify.build_candidate_graph if nucleus else _verify.build_verify_graph
-            model = build(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p, candidates=self.candidates)
+            limit = min(self.top_k_limit, self.candidates) if narrow else self.top_k_limit
+            model = build(self.vocab, limit, top_k=top_k, top_p=top_p, min_p=min_p, candidates=self.candidates)
             self._variants[key] = self._session(model)
         return self._variants[key]
 
@@ -73,6 +79,13 @@ class OrtVerifySampler:
         min_p = bool(np.any(np.asarray(sample.min_p, np.float32)[gumbel] > 0.0))
         return "gumbel" + ("+top_k" if top_k else "") + ("+top_p" if top_p else "") + ("+min_p" if min_p else "")
 
+    def _flags(self, which: str, sample: SampleRows) -> tuple[bool, bool, bool, bool]:
+        """(top_k used, top_p used, min_p used, every Gumbel row's top_k within the candidates)."""
+        top_k = "+top_k" in which
+        gumbel = np.asarray(sample.mode) == _verify.GUMBEL
+        narrow = top_k and bool(np.all(np.asarray(sample.top_k)[gumbel] <= self.candidates))
+        return top_k, "+top_p" in which, "+min_p" in which, narrow
+
     def run(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         k = sample.num_rows
         if k == 0:
@@ -83,7 +96,7 @@ class OrtVerifySampler:
         if which == "greedy":
             tokens, match = self._greedy.run(list(_verify.OUTPUTS), feeds)
             return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
-        flags = ("+top_k" in which, "+top_p" in which, "+min_p" in which)
+        flags = self._flags(which, sample)
         if not (flags[0] or flags[1]):  # no row can be covered by candidates
             tokens, match = self._variant(False, *flags).run(list(_verify.OUTPUTS), feeds)
             return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)

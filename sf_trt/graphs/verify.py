@@ -570,7 +570,7 @@ def _top_p_mass(b: _Builder, e: str, keep) -> tuple[str, str]:
     return e, b.op("Mul", [b.col("top_p"), z], "target")  # [R, 1]
 
 
-def _candidate_draw(b: _Builder, m: str, cands: tuple[str, str], keep, kth_on, mass, K: int, Vp: int) -> tuple[str, str, str]:
+def _candidate_draw(b: _Builder, m: str, cands: tuple[str, str], keep, kth_on, mass, C: int, Vp: int) -> tuple[str, str, str]:
     """The nucleus path: the draw over the TopK candidates ``[R]``, whether the row is
     covered ``[R, 1]``, and its threshold ``lo`` ``[R, 1]``.
 
@@ -580,36 +580,36 @@ def _candidate_draw(b: _Builder, m: str, cands: tuple[str, str], keep, kth_on, m
     covered when ``lo`` is above the last candidate's value, so that every token with
     ``s >= lo`` is a candidate, ties included. The draw is then the argmax of ``s + g``
     over the kept candidates, ties to the lowest token id: the whole-vocabulary argmax."""
-    vals, ids = cands  # [R, K] float32 (descending), [R, K] int64
+    vals, ids = cands  # [R, C] float32 (descending), [R, C] int64
     lows = []
     if kth_on is not None:
         kth, k_on = kth_on
         lows.append(b.op("Where", [k_on, kth, b.f32(-np.inf)], "lo_k"))  # [R, 1]
     if mass is not None:
         e_k, target = mass
-        cum = b.op("CumSum", [b.op("GatherElements", [e_k, ids], "e_c", axis=1), b.i64(1)], "cum")  # [R, K], nondecreasing
+        cum = b.op("CumSum", [b.op("GatherElements", [e_k, ids], "e_c", axis=1), b.i64(1)], "cum")  # [R, C], nondecreasing
         lo_p = m  # [R, 1]: candidate j > 0 is needed while the mass before it, cum[j - 1], is short of the target
-        if K > 1:
-            short = b.op("Less", [b.op("Slice", [cum, b.i64([0]), b.i64([K - 1]), b.i64([1])], "cum_before"), target], "short")
-            after = b.op("Slice", [vals, b.i64([1]), b.i64([K]), b.i64([1])], "vals_after")  # [R, K - 1]
-            needed = b.op("Where", [short, after, b.f32(np.inf)], "needed")  # [R, K - 1]
+        if C > 1:
+            short = b.op("Less", [b.op("Slice", [cum, b.i64([0]), b.i64([C - 1]), b.i64([1])], "cum_before"), target], "short")
+            after = b.op("Slice", [vals, b.i64([1]), b.i64([C]), b.i64([1])], "vals_after")  # [R, C - 1]
+            needed = b.op("Where", [short, after, b.f32(np.inf)], "needed")  # [R, C - 1]
             lo_p = b.op("Min", [m, b.op("ReduceMin", [needed], "lo_short", axes=[1], keepdims=1)], "lo_p")  # [R, 1]
         p_off = b.op("GreaterOrEqual", [b.col("top_p"), b.f32(1.0)], "p_off")  # [R, 1]: top_p >= 1 keeps everything
         lows.append(b.op("Where", [p_off, b.f32(-np.inf), lo_p], "lo_pc"))  # [R, 1]
     lo = lows[0] if len(lows) == 1 else b.op("Max", lows, "lo_c")  # [R, 1]
-    last = b.op("Slice", [vals, b.i64([K - 1]), b.i64([K]), b.i64([1])], "last")  # [R, 1]: the K-th largest s
+    last = b.op("Slice", [vals, b.i64([C - 1]), b.i64([C]), b.i64([1])], "last")  # [R, 1]: the C-th largest s
     covered = b.op("Greater", [lo, last], "covered")  # [R, 1]
-    kept = b.op("GreaterOrEqual", [vals, lo], "kept_c")  # [R, K]
+    kept = b.op("GreaterOrEqual", [vals, lo], "kept_c")  # [R, C]
     if keep is not None:  # top-k (implied by lo) and min-p, read at the candidates
         kept = b.op("And", [kept, b.op("GatherElements", [keep, ids], "keep_c", axis=1)], "kept_c")
     adds, muls, states = _hash_inputs(b, Vp)
-    state_a, state_b = (b.op("Gather", [x, ids], f"{x}_c", axis=0) for x in states)  # [R, K] int32: the candidates' states
-    h = _feistel(b, state_a, state_b, adds, muls)  # [R, K] int32 in [0, 2**23)
-    loglog, _ = _loglog(b, h, K)  # [R, K]
-    score = b.op("Sub", [vals, loglog], "score_c")  # [R, K]: s + g
-    score = b.op("Where", [kept, score, b.f32(-np.inf)], "score_kept_c")  # [R, K]
+    state_a, state_b = (b.op("Gather", [x, ids], f"{x}_c", axis=0) for x in states)  # [R, C] int32: the candidates' states
+    h = _feistel(b, state_a, state_b, adds, muls)  # [R, C] int32 in [0, 2**23)
+    loglog, _ = _loglog(b, h, C)  # [R, C]
+    score = b.op("Sub", [vals, loglog], "score_c")  # [R, C]: s + g
+    score = b.op("Where", [kept, score, b.f32(-np.inf)], "score_kept_c")  # [R, C]
     best = b.op("ReduceMax", [score], "best", axes=[1], keepdims=1)  # [R, 1]
-    tied = b.op("Equal", [score, best], "tied")  # [R, K]
+    tied = b.op("Equal", [score, best], "tied")  # [R, C]
     no_id = b.i64(np.iinfo(np.int64).max)
     token = b.op("ReduceMin", [b.op("Where", [tied, ids, no_id], "tied_ids")], "cand", axes=[1], keepdims=0)  # [R]
     return token, covered, lo
@@ -654,9 +654,9 @@ def _hash_inputs(b: _Builder, Vp: int) -> tuple[list[str], list[str], tuple[str,
     return b.hash_inputs
 
 
-def _loglog(b: _Builder, h: str, width: int) -> str:
-    """``log(-log u)`` ``[R, width]`` (``= -g``, finite) of the hash bits ``h``, ``u = (h + 0.5) * 2**-23``
-    exact in ``[2**-24, 1 - 2**-24]``. The Logs run on rows padded to a multiple of PAD_TO (the
+def _loglog(b: _Builder, h: str, width: int) -> tuple[str, str]:
+    """``(log(-log u), u)``, ``[R, width]`` each (``log(-log u) = -g``, finite), of the hash bits ``h``:
+    ``u = (h + 0.5) * 2**-23`` exact in ``[2**-24, 1 - 2**-24]``. The Logs run on rows padded to a multiple of PAD_TO (the
     layout rule of the module docstring), then the padding is cut off."""
     hf = b.op("Cast", [h], "hf", to=TensorProto.FLOAT)  # exact (< 2**24)
     u = b.op("Mul", [b.op("Add", [hf, b.f32(0.5)]), b.f32(2.0**-U_BITS)], "u")

@@ -92,8 +92,7 @@ def test_sampler_runs_the_nucleus_path_then_the_full_graph_on_the_rows_it_does_n
     feeds["top_p"][:10] = np.float32(0.99)  # wide nuclei: past 4 candidates
     feeds["top_p"][10:20] = np.float32(0.2)  # narrow ones
     sample = sample_rows(feeds)
-    key = (sampler.session_for(sample) + "+").split("+")
-    flags = tuple(f in key for f in ("top_k", "top_p", "min_p"))
+    flags = sampler._flags(sampler.session_for(sample), sample)
     nucleus_sess, full_sess = _Counted(sampler._variant(True, *flags)), _Counted(sampler._variant(False, *flags))
     sampler._variants[(True, *flags)], sampler._variants[(False, *flags)] = nucleus_sess, full_sess
     tokens, match = sampler.run(feeds["logits"], sample)

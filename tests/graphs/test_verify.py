@@ -621,3 +621,19 @@ def test_ties_at_the_nucleus_threshold_are_all_kept_on_the_nucleus_path():
     # a tied group that reaches the last candidate is not covered: the whole vocabulary decides
     _, _, covered = nucleus(feeds, 16, 4)
     assert not covered.any()
+
+
+@fast
+@given(seeds, st.sampled_from(VOCABS), st.sampled_from((4, 8)))
+def test_a_top_k_limit_of_the_candidates_draws_what_the_wider_one_draws_on_rows_within_it(seed, vocab, candidates):
+    """The runner's narrow graphs (top_k_limit = candidates, one TopK of the candidates' width)
+    against the graphs of the full limit, on rows whose top_k is at most the candidates."""
+    feeds = random_feeds(np.random.default_rng(seed), TOPK_LIMIT, 16, vocab)
+    feeds["top_k"] = np.minimum(feeds["top_k"], candidates)
+    wide = run(feeds, vocab, candidates=candidates)
+    narrow = run(feeds, vocab, top_k_limit=candidates, candidates=candidates)
+    for a, b in zip(narrow, wide):
+        np.testing.assert_array_equal(a, b)
+    narrow_nucleus = session(vocab, candidates, candidates=candidates, nucleus=True).run(None, graph_feeds(feeds))
+    for a, b in zip(narrow_nucleus, nucleus(feeds, vocab, candidates)):
+        np.testing.assert_array_equal(a, b)
