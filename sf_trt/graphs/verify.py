@@ -131,7 +131,7 @@ most of the cost; the nucleus path reads ``[R, Vp]`` only for the TopK, ``Exp``,
 nucleus path alone, with an output saying which rows it covered: onnxruntime's runner
 runs it and then the full graph on the uncovered rows only
 (:class:`sf_trt.backends.ort_sampler.OrtVerifySampler`). On SmolLM2's ``[9, 49152]``
-logits it costs 1.7 ms against 11.8 ms for the bisection (docs/benchmarks.md).
+logits it costs about 1.8 ms against 13 ms for the bisection (docs/benchmarks.md, "The sampler").
 """
 
 from __future__ import annotations
