@@ -5,7 +5,7 @@ variants and runs, per call, the cheapest ones that cover every row:
 
 * no Gumbel row: the greedy graph (``ArgMax`` + ``Equal``);
 * no Gumbel row with ``top_k > 0`` / with ``top_p < 1`` / with ``min_p > 0``: the
-  variant without the TopK / without top-p / without the min-p filter;
+  variant without the top-k filter / without top-p / without the min-p filter;
 * a Gumbel row with ``top_k > 0`` or ``top_p < 1``: first the nucleus path alone
   (:func:`~sf_trt.graphs.verify.build_candidate_graph`, the draw over the row's
   largest ``candidates`` tokens), then, for the rows it does not cover, the verify
