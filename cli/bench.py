@@ -167,8 +167,10 @@ def bench(args) -> dict:
         out.append({
             "id": row.id, "kind": row.kind, "prompt_tokens": len(req.prompt_ids),
             "identical": plain.tokens == spec.tokens and plain.finish == spec.finish,
-            "plain": {"tokens": len(plain.tokens), "tokens_per_s": round(plain.tokens_per_s, 2), "finish": plain.finish.name.lower()},
-            "spec": {"tokens": len(spec.tokens), "tokens_per_s": round(spec.tokens_per_s, 2), "finish": spec.finish.name.lower(),
+            "plain": {"tokens": len(plain.tokens), "seconds": round(plain.seconds, 4), "tokens_per_s": round(plain.tokens_per_s, 2),
+                      "finish": plain.finish.name.lower()},
+            "spec": {"tokens": len(spec.tokens), "seconds": round(spec.seconds, 4), "tokens_per_s": round(spec.tokens_per_s, 2),
+                     "finish": spec.finish.name.lower(),
                      "proposed": spec.proposed, "accepted": spec.accepted, "passes": spec.passes},
         })
     total = {label: sum(len(r.tokens) for r in results) / secs for label, (results, secs) in runs.items()}
