@@ -30,6 +30,8 @@ from .ort_session import open_session
 
 __all__ = ["OrtVerifySampler"]
 
+_GUMBEL = int(Sampling.GPU_GUMBEL)
+
 
 class OrtVerifySampler:
     """The verify-and-sample graph on onnxruntime's CPU provider.
@@ -60,7 +62,7 @@ class OrtVerifySampler:
     def session_for(self, sample: SampleRows) -> str:
         """Which graph :meth:`run` uses for ``sample``: ``"greedy"`` or
         ``"gumbel[+top_k][+top_p][+min_p]"``."""
-        gumbel = np.asarray(sample.mode) == int(Sampling.GPU_GUMBEL)
+        gumbel = np.asarray(sample.mode) == _GUMBEL
         if not gumbel.any():
             return "greedy"
         top_k = bool(np.any(np.asarray(sample.top_k)[gumbel] > 0))

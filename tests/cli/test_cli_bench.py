@@ -22,6 +22,8 @@ def test_bench_reports_identical_outputs(tmp_path):
         assert r["identical"] is True
         assert r["plain"]["tokens"] == r["spec"]["tokens"] > 0
         assert r["plain"]["tokens_per_s"] > 0 and r["spec"]["tokens_per_s"] > 0
+        for run in (r["plain"], r["spec"]):  # each run's own time (bench_peers --prefill reads it): tokens over it
+            assert run["tokens_per_s"] == pytest.approx(run["tokens"] / run["seconds"], rel=0.01, abs=0.01)
 
 
 def test_bad_prompt_files_are_refused(tmp_path):
