@@ -27,7 +27,10 @@ MAX_TOKENS_LIMIT = 1 << 20
 def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="plain vs speculative on a prompts file, side by side",
                        description="Run every prompt plain and speculative with the same parameters; print tokens/s, "
-                       "speedup, acceptance and whether the outputs are identical (exit 1 if any differ).")
+                       "speedup, acceptance and whether the outputs are identical (exit 1 if any differ). Tokens/s count from "
+                       "admission (prefill included); the decode-only rates leave out the time the same groups of prompts "
+                       "take to their first token (run once more with one token each), and --json has each request's time "
+                       "to its first token.")
     b.add_argument("--prompts", type=Path, required=True,
                    help='JSONL: {"id", "kind", "messages": [{"role", "content"}, ...] | "prompt": str | "prompt_ids": [...], '
                    f'"max_tokens" (default {DEFAULT_MAX_TOKENS})}} per line; every line is checked before the first prompt runs')
@@ -155,8 +158,12 @@ def bench(args) -> dict:
     # Plain and speculative side by side, group by group of `lanes` prompts, so a
     # change in the machine's load hits both alike.
     runs = {"plain": ([], 0.0), "spec": ([], 0.0)}
+    prefill_s = 0.0  # the same groups with one token each: what the decode-only rates leave out
     for lo in range(0, len(requests), args.lanes):
         group = requests[lo : lo + args.lanes]
+        t0 = time.perf_counter()
+        gen.run([dataclasses.replace(r, speculate=False, params=dataclasses.replace(r.params, max_tokens=1)) for r in group])
+        prefill_s += time.perf_counter() - t0
         for label, speculate in (("plain", False), ("spec", True)):
             t0 = time.perf_counter()
             results = gen.run([dataclasses.replace(r, speculate=speculate) for r in group])
@@ -167,20 +174,26 @@ def bench(args) -> dict:
         out.append({
             "id": row.id, "kind": row.kind, "prompt_tokens": len(req.prompt_ids),
             "identical": plain.tokens == spec.tokens and plain.finish == spec.finish,
-            "plain": {"tokens": len(plain.tokens), "seconds": round(plain.seconds, 4), "tokens_per_s": round(plain.tokens_per_s, 2),
-                      "finish": plain.finish.name.lower()},
-            "spec": {"tokens": len(spec.tokens), "seconds": round(spec.seconds, 4), "tokens_per_s": round(spec.tokens_per_s, 2),
-                     "finish": spec.finish.name.lower(),
-                     "proposed": spec.proposed, "accepted": spec.accepted, "passes": spec.passes},
+            "plain": _rates(plain),
+            "spec": {**_rates(spec), "proposed": spec.proposed, "accepted": spec.accepted, "passes": spec.passes},
         })
     total = {label: sum(len(r.tokens) for r in results) / secs for label, (results, secs) in runs.items()}
+    decode = {label: sum(max(0, len(r.tokens) - 1) for r in results) / max(1e-9, secs - prefill_s) for label, (results, secs) in runs.items()}
     return {
         "results": out,
         "throughput_tokens_per_s": {k: round(v, 2) for k, v in total.items()},
+        "decode_tokens_per_s": {k: round(v, 2) for k, v in decode.items()},
+        "prefill_seconds": round(prefill_s, 3),
         "settings": {"lanes": args.lanes, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                     "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "backend": args.backend,
+                     "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "draft_policy": args.draft_policy, "backend": args.backend,
                      "weights": args.weights, "max_context": max_context},
     }
+
+
+def _rates(res) -> dict:
+    """One request's numbers: tokens/s from admission (prefill included), time to its first token."""
+    return {"tokens": len(res.tokens), "tokens_per_s": round(res.tokens_per_s, 2), "finish": res.finish.name.lower(),
+            "first_token_s": None if res.first_token_s is None else round(res.first_token_s, 4)}
 
 
 def cmd_bench(args) -> int:
@@ -195,8 +208,9 @@ def cmd_bench(args) -> int:
             speedup = s["tokens_per_s"] / p["tokens_per_s"] if p["tokens_per_s"] else 0.0
             print(f"{r['id']:<22} {r['prompt_tokens']:>6} {p['tokens_per_s']:>11.1f} {s['tokens_per_s']:>10.1f} {speedup:>7.2f}x "
                   f"{s['accepted']:>5}/{s['proposed']:<6} {'yes' if r['identical'] else 'NO':>9}")
-        t = report["throughput_tokens_per_s"]
-        print(f"throughput over all prompts ({args.lanes} lane(s)): plain {t['plain']:.1f} tok/s, spec {t['spec']:.1f} tok/s")
+        t, d = report["throughput_tokens_per_s"], report["decode_tokens_per_s"]
+        print(f"throughput over all prompts ({args.lanes} lane(s)): plain {t['plain']:.1f} tok/s, spec {t['spec']:.1f} tok/s; "
+              f"decode only (less {report['prefill_seconds']:.2f} s of prefill): plain {d['plain']:.1f} tok/s, spec {d['spec']:.1f} tok/s")
     bad = [r["id"] for r in report["results"] if not r["identical"]]
     if bad:
         print(f"sf-trt: speculative output differs from plain on {', '.join(bad)}", file=sys.stderr)

@@ -13,10 +13,12 @@ from sf_trt.drafting import PromptLookupConfig
 from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
 from sf_trt.generate import DEFAULT_TICK_TOKENS
 
-__all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "CONTEXT_STEP", "DEFAULT_CONTEXT"]
+__all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "draft_policy", "CONTEXT_STEP", "DEFAULT_CONTEXT", "DRAFT_POLICIES"]
 
 CONTEXT_STEP = 256
 DEFAULT_CONTEXT = 2048
+DRAFT_POLICIES = ("load-aware", "always")
+"""--draft-policy's choices: sf_trt.scheduler.LoadAwareDrafting, and DraftPolicy (drafts whenever the drafter finds one)."""
 
 
 def ranged(kind, lo=None, hi=None, lo_open=False, what=""):
@@ -74,8 +76,19 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=draft_default,
                    help=f"most draft tokens per verify pass (default {draft_default})")
+    g.add_argument("--draft-policy", choices=DRAFT_POLICIES, default="load-aware",
+                   help="load-aware (default): a lane drafts while its drafts are taken often enough to pay for their rows, "
+                   "and no lane drafts in a batch of 5 or more; always: every pass carries whatever draft the drafter finds. "
+                   "Neither changes a token")
     g.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=DEFAULT_TICK_TOKENS,
                    help=f"tokens each lane is asked for per tick (default {DEFAULT_TICK_TOKENS})")
+
+
+def draft_policy(args: argparse.Namespace):
+    """The drafting policy ``--draft-policy`` names."""
+    from sf_trt.scheduler import DraftPolicy, LoadAwareDrafting
+
+    return LoadAwareDrafting() if args.draft_policy == "load-aware" else DraftPolicy()
 
 
 def sampling(args: argparse.Namespace) -> tuple[Sampling, SamplingParams]:

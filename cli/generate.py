@@ -10,7 +10,7 @@ from sf_trt.abi import Finish
 from sf_trt.scheduler import DRAFTERS
 
 from .errors import CliError
-from .flags import add_model_flags, add_sampling_flags, sampling
+from .flags import add_model_flags, add_sampling_flags, draft_policy, sampling
 from .launch import context_window, note, open_backend, resolve
 
 __all__ = ["add_generate_parser", "prompt_ids", "generator", "utf8_text"]
@@ -71,7 +71,8 @@ def generator(prims, args):
     from sf_trt.drafting import PromptLookupConfig
     from sf_trt.generate import Generator
 
-    return Generator(prims, draft_config=PromptLookupConfig(max_draft=args.max_draft), tick_tokens=args.tick_tokens)
+    return Generator(prims, draft_config=PromptLookupConfig(max_draft=args.max_draft), tick_tokens=args.tick_tokens,
+                     policy=draft_policy(args))
 
 
 def cmd_generate(args) -> int:

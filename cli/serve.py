@@ -63,7 +63,8 @@ def add_serve_parsers(sub: Any) -> None:
                    f"cost * B / (B + {policy.row_cost_lanes:g})); the batch drafts while its drafts add more tokens per "
                    f"pass than their rows cost (default {policy.row_cost}; measure your machine: docs/serving.md)")
     s.add_argument("--spec-min-acceptance", type=ranged(float, 0.0, 1.0, what="a rate in [0, 1]"), default=policy.min_acceptance,
-                   help=f"load-aware drafting: lanes whose drafts are accepted less often send none (default {policy.min_acceptance})")
+                   help="load-aware drafting: lanes whose recent drafts are accepted less often than this, or than a draft row "
+                   f"costs at the batch size, send none (default {policy.min_acceptance})")
     s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
                    help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
     add_model_flags(p)

@@ -32,7 +32,7 @@ from .abi import Finish
 from .engine import TokenLogprobs
 from .executor import Executor, ExecutorConfig, check_prompt
 from .primitives import PrimitivesBase
-from .scheduler import FINISH_ERROR, DraftPolicy, LoadAwareDrafting, Request, Scheduler, Update
+from .scheduler import FINISH_ERROR, DraftPolicy, Request, Scheduler, Update
 
 __all__ = ["SHUTDOWN_ERROR", "LoopConfig", "Output", "RequestStream", "EngineLoop", "LoopObserver", "Overloaded", "NotServing"]
 
@@ -183,7 +183,7 @@ class EngineLoop:
         self.scheduler = Scheduler(
             self.executor, tick_tokens=config.tick_tokens, prefill_chunk=config.prefill_chunk,
             prefill_budget=config.prefill_budget, draft_config=config.draft_config,
-            policy=config.policy if config.policy is not None else LoadAwareDrafting(), tokenizer=tokenizer,
+            policy=config.policy, tokenizer=tokenizer,
         )
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []

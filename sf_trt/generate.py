@@ -52,9 +52,13 @@ class Result:
     logprobs: Optional[TokenLogprobs] = None
     error: Optional[str] = None
     """Why the request failed (a backend fault), when it did."""
+    first_token_s: Optional[float] = None
+    """Seconds from admission to the end of the tick that emitted the first token (the
+    prefill and that tick: a tick's tokens arrive together); None when no token came."""
 
     @property
     def tokens_per_s(self) -> float:
+        """Tokens over the seconds from admission to the finish (prefill included)."""
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
 
 
@@ -62,7 +66,12 @@ OnTokens = Callable[[int, list[int]], None]
 
 
 class Generator:
-    """Runs requests through one Executor, ``max_lanes`` of them at a time."""
+    """Runs requests through one Executor, ``max_lanes`` of them at a time.
+
+    ``policy``: how long each lane's drafts may be each tick (default
+    :class:`~sf_trt.scheduler.LoadAwareDrafting`: drafts while they pay, none in a full
+    batch; :class:`~sf_trt.scheduler.DraftPolicy` drafts whenever the drafter finds one).
+    No policy changes a token."""
 
     def __init__(
         self,
@@ -108,6 +117,7 @@ class Generator:
             Result(
                 s.tokens, s.finish, s.prompt_len, (s.finished_at or 0.0) - (s.admitted_at or 0.0), s.proposed, s.accepted,
                 s.passes, s.drafts, s.text, s.stop_reason, s.logprobs, s.error,
+                None if s.first_token_at is None else s.first_token_at - (s.admitted_at or 0.0),
             )
             for s in seqs
         ]

@@ -149,6 +149,12 @@ class Update:
     finished: bool
 
 
+ACCEPTANCE_PRIOR = (2.0, 4.0)
+"""A new lane's draft record: 2 of 4 draft tokens accepted, worth about one short draft."""
+ACCEPTANCE_DECAY = 0.75
+"""Each tick with drafts keeps this share of the lane's earlier record (older ticks fade)."""
+
+
 class Sequence:
     """A request's progress through the scheduler: its lane, its output, its timings.
 
@@ -168,14 +174,17 @@ class Sequence:
         self.stop_reason: Optional[str | int] = None
         self.error: Optional[str] = None
         self.proposed = self.accepted = self.drafts = self.passes = 0
-        self.acceptance = 0.5
-        """Moving average of accepted / proposed draft tokens (the drafting policy reads it)."""
+        self.recent_accepted, self.recent_proposed = ACCEPTANCE_PRIOR
+        """Draft tokens accepted and proposed, decayed by :data:`ACCEPTANCE_DECAY` each tick
+        with drafts, starting from :data:`ACCEPTANCE_PRIOR` (what :attr:`acceptance` reads)."""
         self.tokens_per_pass = 1.0
         """Moving average of tokens emitted per decode pass in ticks the lane could draft in."""
         self.draft_rows_per_pass = 0.0
         """Moving average of draft tokens sent per decode pass in ticks the lane could draft in."""
         self.drafted_ticks = 0
         """Ticks the lane could draft in (the drafter may have found nothing to propose)."""
+        self.ticks_since_draft = 0
+        """Decoding ticks since the lane last could draft (the drafting policy's probes read it)."""
         self.may_draft = False  # in the current tick
         self.logprobs_parts: list[TokenLogprobs] = []
         self._decoder = decoder
@@ -191,6 +200,11 @@ class Sequence:
     @property
     def decoding(self) -> bool:
         return self.admitted and self.prefilled_len == self.prompt_len
+
+    @property
+    def acceptance(self) -> float:
+        """The share of recent draft tokens accepted (the prior's 0.5 before any drafts)."""
+        return self.recent_accepted / self.recent_proposed
 
     @property
     def logprobs(self) -> Optional[TokenLogprobs]:
@@ -246,11 +260,13 @@ class Sequence:
         self.accepted += spec.accepted
         self.drafts += spec.drafts
         if spec.proposed:
-            self.acceptance = 0.5 * self.acceptance + 0.5 * spec.accepted / spec.proposed
+            self.recent_accepted = ACCEPTANCE_DECAY * self.recent_accepted + spec.accepted
+            self.recent_proposed = ACCEPTANCE_DECAY * self.recent_proposed + spec.proposed
         if self.may_draft and emit.passes:
             self.tokens_per_pass = 0.5 * self.tokens_per_pass + 0.5 * len(new) / emit.passes
             self.draft_rows_per_pass = 0.5 * self.draft_rows_per_pass + 0.5 * spec.proposed / emit.passes
             self.drafted_ticks += 1
+        self.ticks_since_draft = 0 if self.may_draft else self.ticks_since_draft + 1
         keep = self._append(new)
         tokens = new[:keep]
         logprobs = emit.logprobs[:keep] if emit.logprobs is not None else None
@@ -280,7 +296,8 @@ class DraftPolicy:
     """Decides, each tick, what every decoding lane is asked for: ``(tokens, max_draft)``
     (``Decode.n`` and ``Decode.max_draft``: None leaves the draft length to the drafter,
     0 turns drafting off). The base class asks every lane for ``tick_tokens`` and lets
-    lanes that speculate draft as their drafter likes."""
+    lanes that speculate draft as their drafter likes, whatever the batch (tests and
+    benchmarks that must see drafts use it; the default is :class:`LoadAwareDrafting`)."""
 
     def plan(self, seqs: list[Sequence], tick_tokens: int) -> dict[int, tuple[int, Optional[int]]]:
         return {seq.seq_id: (tick_tokens, None) for seq in seqs}
@@ -288,43 +305,48 @@ class DraftPolicy:
 
 @dataclasses.dataclass
 class LoadAwareDrafting(DraftPolicy):
-    """Drafts only while it pays: sheds drafting when the batch is large or drafts are
-    rarely taken, so speculation does not make the batch slower than plain decoding.
+    """Drafts only while it pays: sheds drafting when the batch is large or a lane's
+    drafts are rarely taken, so speculation does not make decoding slower than plain.
+    The default of :class:`~sf_trt.generate.Generator` and the serving engine loop.
 
     On a CPU a verify row costs real compute, and a pass pads every lane to the
     longest one's rows, so one lane's draft makes the whole batch's pass dearer.
     Measured on the decoder (docs/benchmarks.md, ``tools/bench_rows.py``), one more
     row per lane costs about 0.06-0.23 of a pass at 1 lane, 0.17-0.29 at 4 and 0.5 at
     8: modelled as ``row_cost * B / (B + row_cost_lanes)`` passes. The policy, each tick, with ``B`` decoding
-    lanes (``S`` of them speculating):
+    lanes:
 
     * **row budget**: a lane drafts at most ``k = row_budget // B - 1`` tokens per
       pass; from ``B >= row_budget / 2`` on, ``k = 0`` and nobody drafts
       (TensorRT-LLM turns n-gram drafting off above a concurrency, too);
-    * **gain against cost**: the batch drafts this tick only if the tokens drafts
-      added per pass, as a share of the batch (the sum over ``S`` of each lane's
-      moving tokens-per-pass minus one, over ``B``), reach what the padding costs
-      (the row cost at ``B`` times the most draft tokens a lane of ``S`` sent per
-      pass);
-    * **acceptance**: in a drafting tick, a lane whose moving acceptance (accepted /
-      proposed draft tokens) is below ``min_acceptance`` sends no draft;
-    * **probes**: one tick in ``probe_every`` (the first one included) drafts
-      anyway, so the estimates stay current;
+    * **probes**: a lane that has not drafted yet, or not for ``probe_every`` of its
+      ticks, drafts this tick (within the row budget), so a new request starts
+      drafting at once and a lane's estimates stay current;
+    * **acceptance**: otherwise a lane drafts only if the share of its recent draft
+      tokens that were accepted (:attr:`Sequence.acceptance`) reaches the row cost at
+      ``B`` (and ``min_acceptance``): alone, a draft token costs about
+      ``row_cost_at(1)`` of a pass and saves a pass when taken;
+    * **gain against cost**: with more than one lane, they draft this tick only if
+      the tokens drafts added per pass, as a share of the batch (the sum over the
+      speculating lanes that have drafted of each one's moving tokens-per-pass minus
+      one, over ``B``), reach what the padding costs the batch (the row cost at ``B``
+      times the most draft tokens one of them sent per pass); drafts that propose
+      nothing cost nothing;
     * **balanced ticks**: a tick lasts until its slowest lane has its tokens, so a
       lane whose drafts are taken would finish early and sit idle; a drafting lane
       is asked for ``tick_tokens`` times its tokens-per-pass instead, so every lane
       needs about ``tick_tokens`` passes and the batch, not one lane, goes faster.
 
-    Moving averages halve toward each tick's value. A draft never changes a token,
+    Tokens and draft rows per pass are moving averages that halve toward each tick's
+    value; acceptance fades by :data:`ACCEPTANCE_DECAY`. A draft never changes a token,
     so the policy changes speed only.
     """
 
     row_budget: int = 8
     row_cost: float = 0.6
     row_cost_lanes: float = 4.0
-    min_acceptance: float = 0.3
+    min_acceptance: float = 0.1
     probe_every: int = 16
-    ticks: int = dataclasses.field(default=0, init=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.row_budget < 1 or self.row_cost < 0 or self.row_cost_lanes < 0
@@ -340,32 +362,35 @@ class LoadAwareDrafting(DraftPolicy):
         """One more row per lane, in passes, at ``lanes`` decoding lanes."""
         return self.row_cost * lanes / (lanes + self.row_cost_lanes)
 
-    def drafts_now(self, seqs: list[Sequence]) -> int:
-        """This tick's draft cap for the lanes that speculate (0: no drafting)."""
-        b = len(seqs)
-        k = max(0, self.row_budget // max(1, b) - 1)
-        spec = [s for s in seqs if s.request.speculate]
-        if k == 0 or not spec:
-            return 0
-        if self.ticks % self.probe_every == 1 or self.probe_every == 1:
-            return k
-        gain = sum(s.tokens_per_pass - 1.0 for s in spec) / b
-        cost = self.row_cost_at(b) * max(s.draft_rows_per_pass for s in spec)
-        return k if gain >= cost and gain > 0 else 0
+    def draft_cap(self, lanes: int) -> int:
+        """The most draft tokens per pass a lane may send at ``lanes`` decoding lanes (0: none)."""
+        return max(0, self.row_budget // max(1, lanes) - 1)
+
+    def probes(self, seq: Sequence) -> bool:
+        """Whether ``seq`` drafts this tick to measure: it never has, or not for ``probe_every`` ticks."""
+        return seq.drafted_ticks == 0 or seq.ticks_since_draft >= self.probe_every
+
+    def drafting_pays(self, seqs: list[Sequence]) -> bool:
+        """Whether the speculating lanes' measured gain covers what their draft rows cost the batch."""
+        measured = [s for s in seqs if s.request.speculate and s.drafted_ticks]
+        if len(seqs) == 1 or not measured:
+            return True
+        gain = sum(s.tokens_per_pass - 1.0 for s in measured) / len(seqs)
+        return gain >= self.row_cost_at(len(seqs)) * max(s.draft_rows_per_pass for s in measured)
 
     def plan(self, seqs: list[Sequence], tick_tokens: int) -> dict[int, tuple[int, Optional[int]]]:
-        self.ticks += 1
-        k = self.drafts_now(seqs)
-        probing = self.ticks % self.probe_every == 1 or self.probe_every == 1
+        k = self.draft_cap(len(seqs))
+        pays = k > 0 and self.drafting_pays(seqs)
+        threshold = max(self.min_acceptance, self.row_cost_at(len(seqs)))
         out: dict[int, tuple[int, Optional[int]]] = {}
         for seq in seqs:
             if not seq.request.speculate:
                 out[seq.seq_id] = (tick_tokens, None)
-            elif k == 0 or (seq.acceptance < self.min_acceptance and not probing):
-                out[seq.seq_id] = (tick_tokens, 0)
-            else:
+            elif k and (self.probes(seq) or (pays and seq.acceptance >= threshold)):
                 per_pass = min(seq.tokens_per_pass, 1 + k)
                 out[seq.seq_id] = (max(tick_tokens, round(tick_tokens * per_pass)), k)
+            else:
+                out[seq.seq_id] = (tick_tokens, 0)
         return out
 
 
@@ -408,7 +433,7 @@ class Scheduler:
             if kind is None:
                 raise StatusError(Status.BAD_ARGUMENT, f"Scheduler: draft_config {type(config).__name__} is no drafter kind's config (kinds: {sorted(KINDS)})")
             self.draft_configs[kind] = config
-        self.policy = policy or DraftPolicy()
+        self.policy = policy if policy is not None else LoadAwareDrafting()
         self.tokenizer = tokenizer
         self.clock = clock
         self.can_speculate = bool(self.caps.verify_rows and self.caps.truncate_partial)

@@ -10,6 +10,7 @@ from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, S
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.faults import Fault, FaultyPrimitives
 from sf_trt.generate import Generator, Request
+from sf_trt.scheduler import DraftPolicy
 
 CFG = FakeConfig(vocab=40, eos=39, copy_model=True, copy_miss_every=4, verify_rows=True, max_lanes=3, max_context=128)
 
@@ -24,7 +25,7 @@ def requests():
 
 
 def test_more_requests_than_lanes_each_emit_what_they_emit_alone():
-    gen = Generator(FakePrimitives(CFG), tick_tokens=4, prefill_chunk=3)
+    gen = Generator(FakePrimitives(CFG), tick_tokens=4, prefill_chunk=3, policy=DraftPolicy())
     streamed: dict[int, list[int]] = {}
     together = gen.run(requests(), lambda i, new: streamed.setdefault(i, []).extend(new))
     for i, (req, res) in enumerate(zip(requests(), together)):
@@ -34,6 +35,26 @@ def test_more_requests_than_lanes_each_emit_what_they_emit_alone():
     assert sum(r.proposed for r in together) > 0
     gen.executor.check_integrity()
     assert gen.executor.lanes == []
+
+
+def test_the_default_policy_sheds_drafts_in_a_full_batch_drafts_alone_and_changes_no_token():
+    from sf_trt.scheduler import LoadAwareDrafting
+
+    assert isinstance(Generator(FakePrimitives(CFG)).scheduler.policy, LoadAwareDrafting)
+    reqs = requests()
+    alone_plain = [alone(r) for r in reqs]
+    one = [Generator(FakePrimitives(CFG)).run([r])[0] for r in reqs]  # one lane: drafts from its first tick
+    full = Generator(FakePrimitives(dataclasses.replace(CFG, max_lanes=4)), policy=LoadAwareDrafting(row_budget=8)).run(reqs)
+    for want, a, b in zip(alone_plain, one, full):
+        assert (a.tokens, a.finish) == (b.tokens, b.finish) == (want.tokens, want.finish)
+    assert all(r.proposed > 0 for r in one)
+    assert sum(r.proposed for r in full) < sum(r.proposed for r in one)  # 4 lanes: a draft of 1 at most
+
+
+def test_a_result_times_its_first_token():
+    gen = Generator(FakePrimitives(CFG), tick_tokens=1)  # a token a tick: the first comes before the finish
+    (res,) = gen.run([Request([1, 2, 3], params=SamplingParams(max_tokens=6, flags=SamplingFlag.IGNORE_EOS), speculate=False)])
+    assert len(res.tokens) == 6 and 0 < res.first_token_s < res.seconds
 
 
 def test_a_bad_request_is_refused_before_any_runs_and_leaves_nothing_behind():
@@ -46,7 +67,7 @@ def test_a_bad_request_is_refused_before_any_runs_and_leaves_nothing_behind():
 
 
 def test_each_request_chooses_its_drafter_and_scope_and_emits_what_it_emits_alone():
-    gen = Generator(FakePrimitives(CFG), tick_tokens=5, prefill_chunk=4)
+    gen = Generator(FakePrimitives(CFG), tick_tokens=5, prefill_chunk=4, policy=DraftPolicy())
     drafters = ["suffix", "suffix", "prompt-lookup", None, None, "suffix", "suffix"]  # None: no speculation
     scopes = ["", "t1", "t1", "t2", None, None, "t2"]
     reqs = [dataclasses.replace(r, speculate=d is not None, drafter=d or "prompt-lookup", draft_scope=s)

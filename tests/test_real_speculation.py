@@ -12,7 +12,8 @@ import pytest
 
 from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams
 from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
-from sf_trt.generate import Generator, Request
+from sf_trt.generate import Generator
+from sf_trt.scheduler import DraftPolicy, Request
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def test_speculative_lanes_emit_exactly_the_plain_tokens(prims, sampling, real_t
     tok = real_tokenizer
     mode, params = SAMPLINGS[sampling]
     ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
-    gen = Generator(prims)
+    gen = Generator(prims, policy=DraftPolicy())  # drafts in every pass: three lanes would shed them by default
     plain = [gen.run([Request(i, mode, params, seed=11, speculate=False)])[0] for i in ids]  # one lane at a time
     for kind in ("prompt-lookup", "suffix", "suffix"):  # the second suffix run drafts from the first's corpus
         spec = gen.run([Request(i, mode, params, seed=11, drafter=kind) for i in ids])  # three lanes sharing passes

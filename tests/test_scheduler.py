@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.generate import Generator
-from sf_trt.scheduler import FINISH_ERROR, LoadAwareDrafting, Request, Sequence, choice_key
+from sf_trt.scheduler import FINISH_ERROR, DraftPolicy, LoadAwareDrafting, Request, Sequence, choice_key
 from sf_trt.tokenizer import ByteTokenizer
 
 from fakes import POISON, FaultyFake
@@ -27,7 +27,9 @@ texts = st.text(alphabet="abc d\n", min_size=4, max_size=40)
 
 
 def gen(**kw) -> Generator:
-    return Generator(FakePrimitives(CFG), tokenizer=TOK, **kw)
+    """A Generator whose lanes draft whenever the drafter finds a draft (the default
+    policy sheds drafts in full batches, which would leave these tests fewer to check)."""
+    return Generator(FakePrimitives(CFG), tokenizer=TOK, **{"policy": DraftPolicy(), **kw})
 
 
 def request(text: str, *, sampled: bool, **kw) -> Request:
@@ -146,22 +148,21 @@ def seqs(n: int, acceptance: float = 0.9, speculate: bool = True) -> list[Sequen
     out = []
     for i in range(n):
         s = Sequence(i, Request([1], speculate=speculate), 1, None, 0.0)
-        s.acceptance = acceptance
+        s.recent_accepted, s.recent_proposed = acceptance * 10, 10.0
         out.append(s)
     return out
 
 
-def seqs_with(n: int, per_pass: float, acceptance: float = 0.9, drafted: int = 3, draft_rows: float = 3.0) -> list[Sequence]:
+def seqs_with(n: int, per_pass: float, acceptance: float = 0.9, drafted: int = 3, draft_rows: float = 3.0, idle: int = 0) -> list[Sequence]:
     out = seqs(n, acceptance)
     for s in out:
-        s.tokens_per_pass, s.drafted_ticks, s.draft_rows_per_pass = per_pass, drafted, draft_rows
+        s.tokens_per_pass, s.drafted_ticks, s.draft_rows_per_pass, s.ticks_since_draft = per_pass, drafted, draft_rows, idle
     return out
 
 
 def test_load_aware_drafting_caps_drafts_by_the_batch():
     p = LoadAwareDrafting(row_budget=16, row_cost=0.0, probe_every=1000)
     for n, k in ((1, 15), (2, 7), (4, 3), (8, 1), (9, 0), (16, 0)):
-        p.ticks = 5
         assert {md for _, md in p.plan(seqs_with(n, 3.0), 8).values()} == {k}, n
     assert p.plan(seqs(3, speculate=False), 8) == {0: (8, None), 1: (8, None), 2: (8, None)}  # no drafter: left alone
 
@@ -170,27 +171,52 @@ def test_load_aware_drafting_drafts_only_while_the_gain_pays_for_the_padding():
     p = LoadAwareDrafting(row_budget=16, row_cost=0.6, row_cost_lanes=4.0, probe_every=16)
     assert p.row_cost_at(1) == pytest.approx(0.12) and p.row_cost_at(4) == pytest.approx(0.3) and p.row_cost_at(8) == pytest.approx(0.4)
 
-    def cap(batch, tick=5):
-        p.ticks = tick
+    def cap(batch):
         return {md for _, md in p.plan(batch, 8).values()}
 
-    # one lane: 3 draft rows per pass cost 0.36 passes; 0.5 more tokens per pass pay, 0.3 do not
-    assert cap(seqs_with(1, 1.5)) == {15} and cap(seqs_with(1, 1.3)) == {0}
+    # one lane: its own acceptance decides; a draft token costs 0.12 of a pass, so 15% taken pays, 10% does not
+    assert cap(seqs_with(1, 1.0, acceptance=0.15)) == {15} and cap(seqs_with(1, 3.0, acceptance=0.1)) == {0}
     # four lanes: 3 rows cost 0.9; only lanes that double their tokens per pass make it pay
     assert cap(seqs_with(4, 1.5)) == {0} and cap(seqs_with(4, 2.0)) == {3}
     # lanes that do not speculate dilute the gain but pay the padding
     mixed = seqs_with(4, 2.0)
     mixed[2].request = mixed[3].request = Request([1], speculate=False)
     assert cap(mixed) == {0, None}
-    # the first tick and one in probe_every draft anyway
-    assert cap(seqs_with(4, 1.0), tick=0) == {3} and cap(seqs_with(4, 1.0), tick=16) == {3}
+    # a lane that never drafted, or not for probe_every of its ticks, drafts anyway (a probe)
+    assert cap(seqs_with(4, 1.0, drafted=0)) == {3} and cap(seqs_with(4, 1.0, idle=16)) == {3}
+    assert cap(seqs_with(4, 1.0, idle=15)) == {0}
+    probe = seqs_with(2, 1.0)
+    probe[1].seq_id, probe[1].drafted_ticks = 1, 0
+    assert p.plan(probe, 8) == {0: (8, 0), 1: (8, 7)}  # only the new lane probes
+    # drafts that proposed nothing cost nothing: such a lane keeps drafting
+    assert cap(seqs_with(1, 1.0, draft_rows=0.0)) == {15}
     # in a drafting tick, a lane whose drafts are rarely taken sends none (but on a probe)
     low = seqs_with(1, 3.0) + seqs_with(1, 3.0, acceptance=0.1)
     low[1].seq_id = 1
-    p.ticks = 5
     assert p.plan(low, 8) == {0: (24, 7), 1: (8, 0)}
+    low[1].ticks_since_draft = 16
+    assert p.plan(low, 8) == {0: (24, 7), 1: (24, 7)}
     with pytest.raises(StatusError, match="LoadAwareDrafting: need row_budget >= 1"):
         LoadAwareDrafting(row_budget=0)
+
+
+def test_a_lanes_draft_record_starts_from_the_prior_and_fades_and_its_idle_ticks_count():
+    from sf_trt.engine import Emit, SpecCounts, TokenRef
+    from sf_trt.scheduler import ACCEPTANCE_DECAY, ACCEPTANCE_PRIOR
+
+    REF = TokenRef(0, 0, 8)  # apply() reads only the counts and the tokens it is given
+    seq = Sequence(0, Request([1]), 1, None, 0.0)
+    assert seq.acceptance == ACCEPTANCE_PRIOR[0] / ACCEPTANCE_PRIOR[1] == 0.5
+    seq.may_draft = True
+    seq.apply(Emit(0, REF, Finish.NONE, SpecCounts(proposed=8, accepted=0, drafts=1), passes=8), [1] * 8, 0.0)
+    a, p = ACCEPTANCE_PRIOR
+    assert seq.acceptance == pytest.approx(ACCEPTANCE_DECAY * a / (ACCEPTANCE_DECAY * p + 8))  # one bad draft: not yet off
+    assert (seq.drafted_ticks, seq.ticks_since_draft) == (1, 0)
+    seq.may_draft = False
+    for ticks in (1, 2):
+        seq.apply(Emit(0, REF, Finish.NONE, SpecCounts(), passes=8), [1] * 8, 0.0)
+        assert seq.ticks_since_draft == ticks
+    assert LoadAwareDrafting(probe_every=2).probes(seq) and not LoadAwareDrafting(probe_every=3).probes(seq)
 
 
 def test_load_aware_drafting_asks_lanes_whose_drafts_are_taken_for_more_tokens_per_tick():

@@ -254,6 +254,7 @@ def replay_primitives(streams: list[dict], vocab: int, eos: int, max_lanes: int,
 
 def replay(path: Path, lanes_list: list[int], configs: dict[str, Any]) -> dict:
     from sf_trt.generate import Generator, Request
+    from sf_trt.scheduler import DraftPolicy
 
     data = json.loads(path.read_text())
     out = {}
@@ -261,7 +262,8 @@ def replay(path: Path, lanes_list: list[int], configs: dict[str, Any]) -> dict:
         max_context = max(len(s["prompt_ids"]) + len(s["output_ids"]) for s in streams) + 64
         for lanes in lanes_list:
             prims = replay_primitives(streams, data["vocab"], data["eos"], max(lanes, 1), max_context)
-            gen = Generator(prims, draft_config=[configs["prompt_lookup"], configs["suffix"]], tick_tokens=TICK_TOKENS)
+            gen = Generator(prims, draft_config=[configs["prompt_lookup"], configs["suffix"]], tick_tokens=TICK_TOKENS,
+                            policy=DraftPolicy())  # the drafters compared, not the policy: every lane drafts
             tallies = {k: Tally() for k in KINDS if k != "plain"}
             group = 1 if name == "single" else lanes
             for lo in range(0, len(streams), group):
@@ -530,13 +532,14 @@ def main(argv=None) -> int:
     from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
     from sf_trt.export.pipeline import default_model_dir
     from sf_trt.generate import Generator
+    from sf_trt.scheduler import DraftPolicy
     from sf_trt.tokenizer import Tokenizer
 
     load_before = os.getloadavg()
     model_dir = default_model_dir(progress=True, weight_dtype="int8")
     prims = OrtDecoderPrimitives(model_dir, max_lanes=max(args.lanes), max_context=1024, threads=args.threads)
     tok = Tokenizer.load(model_dir)
-    gen = Generator(prims, tick_tokens=TICK_TOKENS)
+    gen = Generator(prims, tick_tokens=TICK_TOKENS, policy=DraftPolicy())  # every lane drafts: the drafters are compared
 
     def encode(messages: list[dict]) -> list[int]:
         return tok.encode_chat(messages)  # contents as text: earlier replies are model output

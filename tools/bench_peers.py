@@ -39,9 +39,10 @@ the same ids for every engine), its time to the first token, twice, the faster
 counting: llama.cpp's ``generate`` read for one token (its prefill in batches of
 ``n_batch`` 512, then the token), HF's ``generate(max_new_tokens=1)``, and with
 ``--sf-trt`` ``sf-trt bench`` on the ids with ``max_tokens`` 1 right after the
-peers' runs (its plain and speculative runs are the two; a request's seconds count
-from its admission, so process start and session creation are outside, and the
-prefill is sf_trt's own: the Generator's chunks of 256 rows, ``DEFAULT_PREFILL_CHUNK``).
+peers' runs (its plain and speculative runs are the two, each's ``first_token_s``: from
+the request's admission, so process start and session creation are outside, to the
+first token; the prefill is sf_trt's own: the Generator's chunks of 256 rows,
+``DEFAULT_PREFILL_CHUNK``).
 Prompt tokens over that time is the prefill rate; the table and the JSON's
 ``"prefill"`` have each engine's and sf_trt's ratio to each peer.
 
@@ -407,9 +408,9 @@ def sf_trt_prefill(cmd: list[str], ids: list[int], args) -> tuple[list[float] | 
     result = next(iter((doc or {}).get("results") or []), None)
     if result is None:
         return None, note
-    times = [result[run].get("seconds") for run in ("plain", "spec")]
+    times = [result[run].get("first_token_s") for run in ("plain", "spec")]
     if result.get("prompt_tokens") != len(ids) or not all(isinstance(t, (int, float)) and t > 0 for t in times):
-        return None, f"{note}: expected {len(ids)} prompt tokens and each run's seconds, got {json.dumps(result)[:300]}"
+        return None, f"{note}: expected {len(ids)} prompt tokens and each run's first_token_s, got {json.dumps(result)[:300]}"
     return times, note
 
 

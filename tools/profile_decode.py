@@ -1,16 +1,19 @@
 """Where a generated token's time goes, end to end: inside the decoder pass or outside it.
 
     python tools/profile_decode.py [--prompt-id story_lighthouse] [--max-tokens 192] [--threads 2]
-                                   [--weights int8] [--speculate] [--cprofile 25]
+                                   [--weights int8] [--speculate] [--sample] [--lanes N] [--ops]
+                                   [--cprofile 25] [--json]
 
-Runs one request of ``tools/prompts/bench.jsonl`` through the same path as ``sf-trt generate``
-(the model resolved and opened by the CLI's own helpers, the CLI's Generator), once to warm up,
-then timed. The timed run counts the seconds spent in onnxruntime's decoder run
-(``run_with_iobinding``) and in its sampler runs, so the rest, per token, is what is not the pass:
-host-side cache writes, the executor, the generator, Python. ``--cprofile N`` runs it once more
-under cProfile and prints the N functions with the most time of their own (cProfile slows Python
-down, so read its table for where, the timed run for how much).
-"""
+Runs one request of ``tools/prompts/bench.jsonl`` (``--lanes N``: the file's first N, at once)
+through the same path as ``sf-trt generate`` (the model resolved and opened by the CLI's own
+helpers, the CLI's Generator), once to warm up, then timed. The timed run counts the seconds
+spent in onnxruntime's decoder run (``run_with_iobinding``) and in its sampler runs, so the rest,
+per token, is what is not the pass: host-side cache writes, the executor, the generator, Python;
+the same requests' prefill (one token each) is measured apart and left out of the decode figures.
+``--ops`` adds onnxruntime's own profile of passes of one row per lane (the share of kernel time
+per op type: where a pass goes). ``--cprofile N`` runs it once more under cProfile and prints the
+N functions with the most time of their own (cProfile slows Python down, so read its table for
+where, the timed run for how much)."""
 
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ import io
 import json
 import os
 import pstats
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 PROMPTS = Path(__file__).with_name("prompts") / "bench.jsonl"
+OP_PROFILE_PASSES = 10
 
 
 class _Timed:
@@ -44,7 +49,7 @@ class _Timed:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Time per token inside and outside the decoder pass, for one request run like `sf-trt generate`."""
+    """Time per token inside and outside the decoder pass, for requests run like `sf-trt generate`."""
     from sf_trt.cli import build_parser
     from sf_trt.cli.flags import sampling
     from sf_trt.cli.generate import generator
@@ -55,19 +60,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     lines = [json.loads(s) for s in args.prompts.read_text().splitlines() if s.strip()]
-    found = [p for p in lines if p["id"] == args.prompt_id]
-    if not found:
-        ap.error(f"--prompt-id {args.prompt_id!r} is not in {args.prompts} (ids: {', '.join(p['id'] for p in lines)})")
+    if args.lanes == 1:
+        chosen = [p for p in lines if p["id"] == args.prompt_id]
+        if not chosen:
+            ap.error(f"--prompt-id {args.prompt_id!r} is not in {args.prompts} (ids: {', '.join(p['id'] for p in lines)})")
+    else:  # N lanes: the file's first N prompts, repeated when it has fewer
+        chosen = [lines[i % len(lines)] for i in range(args.lanes)]
     gen_argv = ["generate", "--chat", "-", "--ignore-eos", "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
     gen_argv += ["--weights", args.weights] if args.weights else []
     gen_argv += ["--temperature", "0.8", "--top-p", "0.95", "--seed", "1"] if args.sample else []
     cli_args = build_parser().parse_args(gen_argv)
     model = resolve(cli_args, progress=False)
-    ids = model.tokenizer.encode_chat(found[0]["messages"], add_generation_prompt=True)
+    prompts = [model.tokenizer.encode_chat(p["messages"], add_generation_prompt=True) for p in chosen]
     mode, params = sampling(cli_args)
-    window = -(-(len(ids) + args.max_tokens) // 256) * 256
-    prims = open_backend(cli_args, model, max_lanes=1, max_context=window)
-    request = Request(ids, mode, params, seed=cli_args.seed, speculate=args.speculate)
+    window = -(-(max(map(len, prompts)) + args.max_tokens) // 256) * 256
+    prims = open_backend(cli_args, model, max_lanes=args.lanes, max_context=window)
+    requests = [Request(ids, mode, params, seed=cli_args.seed, speculate=args.speculate) for ids in prompts]
 
     pass_timer = _Timed(prims._session.run_with_iobinding)  # onnxruntime's decoder run, nothing around it
     prims._session.run_with_iobinding = pass_timer
@@ -75,21 +83,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     prims._sampler.run = sampler_timer
 
     gen = generator(prims, cli_args)
-    gen.run([Request(ids[:32], mode, params, seed=cli_args.seed, speculate=False)])  # warm up
-    prefill = _prefill_seconds(gen, ids, mode, params, cli_args.seed, pass_timer)
+    gen.run([Request(prompts[0][:32], mode, params, seed=cli_args.seed, speculate=False)])  # warm up
+    prefill = _prefill_seconds(gen, requests, pass_timer)
     pass_timer.seconds = pass_timer.calls = 0
     sampler_timer.seconds = sampler_timer.calls = 0
     t0 = time.perf_counter()
-    (res,) = gen.run([request])
+    results = gen.run(requests)
     wall = time.perf_counter() - t0
-    n = len(res.tokens)
+    n = sum(len(r.tokens) for r in results)
     decode_wall = wall - prefill["wall"]
     decode_pass = pass_timer.seconds - prefill["pass"]
     out = {
-        "model": str(model.model_dir.path), "weights": prims.weight_dtype, "prompt_id": args.prompt_id,
-        "prompt_tokens": len(ids), "tokens": n, "speculate": args.speculate, "sampled": args.sample,
+        "model": str(model.model_dir.path), "weights": prims.weight_dtype, "prompt_id": args.prompt_id if args.lanes == 1 else None,
+        "prompt_ids": [p["id"] for p in chosen], "lanes": args.lanes,
+        "prompt_tokens": sum(map(len, prompts)), "tokens": n, "speculate": args.speculate, "sampled": args.sample,
         "threads": args.threads, "load": round(os.getloadavg()[0], 2),
         "tokens_per_s": round(n / wall, 2),
+        "decode_tokens_per_s": round(n / decode_wall, 2),
         "decode_ms_per_token": round(1e3 * decode_wall / n, 3),
         "decoder_pass_ms_per_token": round(1e3 * decode_pass / n, 3),
         "sampler_ms_per_token": round(1e3 * sampler_timer.seconds / n, 3),
@@ -98,16 +108,51 @@ def main(argv: Sequence[str] | None = None) -> None:
         "decoder_runs": pass_timer.calls, "sampler_runs": sampler_timer.calls,
         "prefill_s": round(prefill["wall"], 3),
     }
+    if args.ops:
+        out["ops"] = _op_profile(prims, cli_args, args.lanes, window, args.ops_position)
     _print(out, args, pass_timer.calls, sampler_timer.calls)
     if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()
-        gen.run([request])
+        gen.run(requests)
         prof.disable()
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.cprofile)
         print(text.getvalue())
     prims.close()
+
+
+def _op_profile(prims, cli_args, lanes: int, window: int, position: int) -> dict:
+    """onnxruntime's own profile of decoder passes of one row per lane at ``position``: the
+    share of kernel time per op type (a session like the runtime's, with profiling on)."""
+    import numpy as np
+
+    from sf_trt.backends.ort_session import open_session
+    from sf_trt.primitives import Rows
+
+    position = min(position, window - 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        session = open_session(
+            prims.model_dir / "decoder_pass.onnx", threads=cli_args.threads, config=prims._session_config("all"),
+            profile_prefix=str(Path(tmp) / "ops"),
+        )
+        runtime_session, prims._session = prims._session, session
+        prims._binding, prims._views, prims._bound = session.io_binding(), {}, None
+        slots = np.arange(lanes, dtype=np.int64)
+        rows = Rows(slots, np.full(lanes, position, np.int64), np.ones(lanes, np.int64), slots.copy())
+        for _ in range(OP_PROFILE_PASSES):
+            prims._forward_impl(rows)
+        events = json.loads(Path(session.end_profiling()).read_text())
+        prims._session, prims._binding, prims._views, prims._bound = runtime_session, runtime_session.io_binding(), {}, None
+    micros: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            op = e["args"]["op_name"]
+            micros[op] = micros.get(op, 0.0) + e["dur"]
+    total = sum(micros.values())
+    return {"lanes": lanes, "position": position, "passes": OP_PROFILE_PASSES,
+            "kernel_ms_per_pass": round(total / OP_PROFILE_PASSES / 1e3, 3),
+            "share": {op: round(us / total, 4) for op, us in sorted(micros.items(), key=lambda kv: -kv[1])}}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,34 +164,45 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--weights", default=None, help="passed to the CLI's --weights (default: its default)")
     ap.add_argument("--speculate", action="store_true", help="prompt lookup on (default: plain decode)")
     ap.add_argument("--sample", action="store_true", help="temperature 0.8, top-p 0.95, seed 1 (default: greedy)")
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="run the first N prompts of --prompts at once in N lanes (default 1: --prompt-id alone)")
+    ap.add_argument("--ops", action="store_true",
+                    help="also profile decoder passes of one row per lane with onnxruntime's profiler: the share of "
+                    "kernel time per op type")
+    ap.add_argument("--ops-position", type=int, default=400, help="the rows' position in the --ops passes (default 400)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N", help="one more run under cProfile; print its top N")
     ap.add_argument("--json", action="store_true", help="print the timed run's numbers as one JSON object")
     return ap
 
 
 def _print(out: dict, args, decoder_runs: int, sampler_runs: int) -> None:
-    """The timed run's numbers: one JSON object with ``--json``, else three lines."""
+    """The timed run's numbers: one JSON object with ``--json``, else a few lines."""
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{out['model']} ({out['weights']}), prompt {args.prompt_id} ({out['prompt_tokens']} tokens), {out['tokens']} tokens, "
+    what = f"prompt {args.prompt_id}" if args.lanes == 1 else f"{args.lanes} lanes ({', '.join(out['prompt_ids'])})"
+    print(f"{out['model']} ({out['weights']}), {what} ({out['prompt_tokens']} prompt tokens), {out['tokens']} tokens, "
           f"{'speculative' if args.speculate else 'plain'}, {'sampled' if args.sample else 'greedy'}, "
           f"{args.threads} threads, load {out['load']}")
-    print(f"  {out['tokens_per_s']} tok/s end to end (prefill {out['prefill_s']} s); decode {out['decode_ms_per_token']} ms/token:")
+    print(f"  {out['tokens_per_s']} tok/s end to end (prefill {out['prefill_s']} s), {out['decode_tokens_per_s']} tok/s decoding; "
+          f"decode {out['decode_ms_per_token']} ms/token:")
     print(f"  decoder pass {out['decoder_pass_ms_per_token']} ms/token ({decoder_runs} runs), "
           f"outside it {out['outside_pass_ms_per_token']} ms/token ({100 * out['outside_pass_share']:.1f}%), "
           f"of which sampler runs {out['sampler_ms_per_token']} ms/token ({sampler_runs} runs)")
+    if "ops" in out:
+        ops = out["ops"]
+        top = ", ".join(f"{op} {100 * share:.1f}%" for op, share in list(ops["share"].items())[:8])
+        print(f"  one pass of {ops['lanes']} row(s) at position {ops['position']} (onnxruntime's profiler, {ops['passes']} passes, "
+              f"{ops['kernel_ms_per_pass']} ms of kernels each): {top}")
 
 
-def _prefill_seconds(gen, ids, mode, params, seed, pass_timer: _Timed) -> dict:
-    """Wall and pass seconds of the prompt's prefill alone (one token asked), to take out of the decode figures."""
-    from sf_trt.generate import Request
-
+def _prefill_seconds(gen, requests, pass_timer: _Timed) -> dict:
+    """Wall and pass seconds of the requests' prefill alone (one token each, together), to take out of the decode figures."""
     best = None
     for _ in range(2):
         before = pass_timer.seconds
         t0 = time.perf_counter()
-        gen.run([Request(ids, mode, dataclasses.replace(params, max_tokens=1), seed=seed, speculate=False)])
+        gen.run([dataclasses.replace(r, speculate=False, params=dataclasses.replace(r.params, max_tokens=1)) for r in requests])
         this = {"wall": time.perf_counter() - t0, "pass": pass_timer.seconds - before}
         best = this if best is None or this["wall"] < best["wall"] else best
     return best

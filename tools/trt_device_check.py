@@ -649,9 +649,10 @@ def real_requests(m: RealModel, max_tokens: int, *, sampled: bool, speculate: bo
 
 def real_speculation(m: RealModel, max_tokens: int) -> str:
     from sf_trt.generate import Generator
+    from sf_trt.scheduler import DraftPolicy
 
     prims = trt_prims(m.engine_dir, "decoder", m.eos, cuda_graphs=True)
-    gen, notes = Generator(prims), []
+    gen, notes = Generator(prims, policy=DraftPolicy()), []  # every lane drafts: the check needs drafts in every pass
     for sampled in (False, True):
         plain = gen.run(real_requests(m, max_tokens, sampled=sampled, speculate=False))
         spec = gen.run(real_requests(m, max_tokens, sampled=sampled, speculate=True))
@@ -665,9 +666,10 @@ def real_speculation(m: RealModel, max_tokens: int) -> str:
 
 def real_throughput(m: RealModel, max_tokens: int):
     from sf_trt.generate import Generator
+    from sf_trt.scheduler import DraftPolicy
 
     prims = trt_prims(m.engine_dir, "decoder", m.eos, cuda_graphs=True)
-    gen = Generator(prims)
+    gen = Generator(prims, policy=DraftPolicy())  # the load-aware policy's row costs are the CPU's; a GPU verifies rows almost free
     gen.run(real_requests(m, 8, sampled=False, speculate=False)[:1])  # warm up (and capture the CUDA graphs)
     out = {}
     for label, speculate in (("plain", False), ("spec", True)):

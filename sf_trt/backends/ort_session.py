@@ -26,9 +26,12 @@ def open_session(
     optimization: str = "all",
     providers: Sequence[Any] = ("CPUExecutionProvider",),
     config: dict[str, str] | None = None,
+    profile_prefix: str | None = None,
 ):
     """An ``onnxruntime.InferenceSession`` over ``model`` (a path, serialized
-    bytes or an ``onnx.ModelProto``); ``config`` are session config entries."""
+    bytes or an ``onnx.ModelProto``); ``config`` are session config entries;
+    ``profile_prefix``: turn on onnxruntime's profiler, writing its JSON there
+    (``session.end_profiling()`` returns the file)."""
     import onnxruntime as ort
 
     if optimization not in OPTIMIZATION_LEVELS:
@@ -44,6 +47,8 @@ def open_session(
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
+    if profile_prefix is not None:
+        opts.enable_profiling, opts.profile_file_prefix = True, profile_prefix
     for key, value in (config or {}).items():
         opts.add_session_config_entry(key, value)
     if hasattr(model, "SerializeToString"):

@@ -15,15 +15,21 @@ def test_bench_reports_identical_outputs(tmp_path):
         json.dumps({"id": "copy", "messages": [{"role": "user", "content": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}], "max_tokens": 20}) + "\n"
         + json.dumps({"id": "ids", "prompt_ids": [100, 200, 300, 100, 200], "max_tokens": 12}) + "\n"
     )
-    proc = sf_trt("bench", "--prompts", str(prompts), "--lanes", "2", "--json", check=True)
-    report = json.loads(proc.stdout)
-    assert [r["id"] for r in report["results"]] == ["copy", "ids"]
-    for r in report["results"]:
-        assert r["identical"] is True
-        assert r["plain"]["tokens"] == r["spec"]["tokens"] > 0
-        assert r["plain"]["tokens_per_s"] > 0 and r["spec"]["tokens_per_s"] > 0
-        for run in (r["plain"], r["spec"]):  # each run's own time (bench_peers --prefill reads it): tokens over it
-            assert run["tokens_per_s"] == pytest.approx(run["tokens"] / run["seconds"], rel=0.01, abs=0.01)
+    outputs = {}
+    for policy in ("load-aware", "always"):
+        proc = sf_trt("bench", "--prompts", str(prompts), "--lanes", "2", "--draft-policy", policy, "--json", check=True)
+        report = json.loads(proc.stdout)
+        assert report["settings"]["draft_policy"] == policy
+        assert [r["id"] for r in report["results"]] == ["copy", "ids"]
+        for r in report["results"]:
+            assert r["identical"] is True
+            assert r["plain"]["tokens"] == r["spec"]["tokens"] > 0
+            assert r["plain"]["tokens_per_s"] > 0 and r["spec"]["tokens_per_s"] > 0
+            assert 0 < r["plain"]["first_token_s"] and 0 < r["spec"]["first_token_s"]
+        assert report["prefill_seconds"] > 0 and all(report["decode_tokens_per_s"][k] > report["throughput_tokens_per_s"][k] for k in ("plain", "spec"))
+        outputs[policy] = [(r["spec"]["tokens"], r["spec"]["finish"]) for r in report["results"]]
+        assert sum(r["spec"]["proposed"] for r in report["results"]) > 0  # two lanes: both policies draft
+    assert outputs["load-aware"] == outputs["always"]
 
 
 def test_bad_prompt_files_are_refused(tmp_path):

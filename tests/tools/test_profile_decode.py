@@ -22,3 +22,17 @@ def test_plain_decode_runs_one_pass_per_token_and_a_sampler_run_only_when_sample
     assert out["decoder_pass_ms_per_token"] > 0 and out["outside_pass_ms_per_token"] > 0
     total = out["decoder_pass_ms_per_token"] + out["outside_pass_ms_per_token"]
     assert total == pytest.approx(out["decode_ms_per_token"], abs=0.01)
+
+
+@pytest.mark.slow
+def test_many_lanes_and_the_op_profile(real_int8_model_dir, capsys, load_tool):
+    """--lanes 2 runs the file's first two prompts at once, and --ops
+    adds onnxruntime's per-op profile of a 2-row pass whose shares add up to the whole."""
+    load_tool("profile_decode").main(["--weights", "int8", "--max-tokens", "6", "--threads", "1", "--lanes", "2", "--ops", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["lanes"] == 2 and out["tokens"] == 12 and out["prompt_ids"] == ["typehints", "fix_typo"]
+    assert out["decode_tokens_per_s"] > 0 and out["prefill_s"] > 0  # the two prefills are measured apart
+    ops = out["ops"]
+    assert ops["lanes"] == 2 and ops["kernel_ms_per_pass"] > 0
+    assert sum(ops["share"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert {"MatMulNBits", "ScatterND", "Slice"} <= set(ops["share"])  # int8 matmuls; the cache copies (docs/benchmarks.md)
