@@ -55,8 +55,7 @@ def add_build_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from sf_trt.export.trt_config import BuildConfig
-    from sf_trt.export.trt_support import DEFAULT_MAX_OPSET
+    from sf_trt.export.trt_config import DEFAULT_MAX_OPSET, BuildConfig
 
     d = BuildConfig()
     p.add_argument("paths", nargs="*", metavar="DIR|ONNX",

@@ -21,20 +21,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import onnx
-
 from sf_trt.formats.files import check_writable_dir, removed_on_signal, replace_dir, sha256_file, sweep_stale, temp_path
 from sf_trt.formats.model_dir import (
     CONFIG_FILE, DATA_FILE, DEFAULT_PRECISION, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, PASS_GRAPH_FILE, PRECISIONS,
     VERIFY_FILE, WEIGHT_DTYPES, LlamaConfig, ModelDir, ModelDirError, config_digest, graph_facts, graph_precision,
     made_by_export,
 )
-from sf_trt.graphs.verify import build_verify_graph
 from sf_trt.models import DEFAULT_MODEL, cache_lock, default_gguf_path, export_dir
 
-from .decoder_graph import build_decoder_graph, pass_form
-from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
 
+# onnx and the graph builders are imported by the functions that build: finding an
+# exported model (default_model_dir's usual path) imports neither (docs/benchmarks.md:
+# onnx alone is ~20 MB of a generate's peak RSS)
 __all__ = ["default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "OutDirError"]
 
 
@@ -64,6 +62,9 @@ def export_model_dir(
     ``gguf_sha256``: the GGUF's digest when the caller has checked it already.
     Progress goes to stderr.
     """
+    from .decoder_graph import build_decoder_graph  # the build side, imported when a build runs
+    from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
+
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"export_model_dir: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     if precision not in PRECISIONS:
@@ -179,6 +180,12 @@ def write_model_dir(
     place, so an interrupted write never leaves a half-written model behind;
     ``out_dir`` as :func:`check_out_dir` allows.
     """
+    import onnx
+
+    from sf_trt.graphs.verify import build_verify_graph
+
+    from .decoder_graph import pass_form
+
     if "lane_ids" not in {i.name for i in model.graph.input}:
         raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
     precision = graph_precision(model)

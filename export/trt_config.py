@@ -32,8 +32,12 @@ from sf_trt.formats.model_dir import PRECISIONS
 from sf_trt.formats.shapes import IOTensor, ShapeError, ShapeLimits, profile_of
 
 __all__ = [
-    "BuildError", "BuildConfig", "PRECISIONS", "GRAPH_KINDS", "EXACT_KINDS", "graph_kind", "build_settings",
+    "BuildError", "BuildConfig", "DEFAULT_MAX_OPSET", "PRECISIONS", "GRAPH_KINDS", "EXACT_KINDS", "graph_kind", "build_settings",
 ]
+
+DEFAULT_MAX_OPSET = 20
+"""[M]/[C] highest opset TensorRT 10.0 imports (10.15 goes to 24; pass ``max_opset``). Here, not in
+:mod:`.trt_support` (which imports onnx), so that the command line's parser reads it cheaply."""
 
 GRAPH_KINDS = ("decoder", "verify", "copy_model", "graph")
 """What a graph is, told by its inputs (:func:`graph_kind`); ``graph``: any other ONNX graph."""

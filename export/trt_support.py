@@ -53,6 +53,7 @@ from sf_trt.graphs.ranges import RANGES_KEY
 from sf_trt.graphs.verify import TOPK_MAX_K  # [M] "`K` input must be less than 3840"
 
 from .int_bounds import arithmetic_findings
+from .trt_config import DEFAULT_MAX_OPSET
 
 __all__ = [
     "Finding",
@@ -71,8 +72,6 @@ __all__ = [
 
 MIN_OPSET = 9
 """[M] lowest default-domain opset the parser imports."""
-DEFAULT_MAX_OPSET = 20
-"""[M]/[C] highest opset TensorRT 10.0 imports (10.15 goes to 24; pass ``max_opset``)."""
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 

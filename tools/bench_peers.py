@@ -33,6 +33,19 @@ machine's load hits sf_trt and the peers alike), and adds ratio columns (sf_trt
 plain / each peer's plain, sf_trt spec / each peer's prompt lookup);
 ``--sf-trt-json PATH`` merges a saved ``sf-trt bench --json`` output instead.
 
+``--prefill 256,1024,4096`` measures prefill instead of decoding: one prompt of each
+length (the bench prompts' sf_trt ids, concatenated and repeated, cut to the length:
+the same ids for every engine), its time to the first token, twice, the faster
+counting: llama.cpp's ``generate`` read for one token (its prefill in batches of
+``n_batch`` 512, then the token), HF's ``generate(max_new_tokens=1)``, and with
+``--sf-trt`` ``sf-trt bench`` on the ids with ``max_tokens`` 1 right after the
+peers' runs (its plain and speculative runs are the two, each's ``first_token_s``: from
+the request's admission, so process start and session creation are outside, to the
+first token; the prefill is sf_trt's own: the Generator's chunks of 256 rows,
+``DEFAULT_PREFILL_CHUNK``).
+Prompt tokens over that time is the prefill rate; the table and the JSON's
+``"prefill"`` have each engine's and sf_trt's ratio to each peer.
+
 The peers are not sf_trt dependencies: install them in a separate environment,
 e.g.::
 
@@ -322,7 +335,7 @@ def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: boo
     options = helptext.stdout + helptext.stderr
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="bench_peers_", delete=False, encoding="utf-8") as f:
         for p in prompts:  # the effective set (--only, --max-tokens applied)
-            f.write(json.dumps({k: p[k] for k in p if k in ("id", "kind", "messages", "max_tokens")}) + "\n")
+            f.write(json.dumps({k: p[k] for k in p if k in ("id", "kind", "messages", "prompt_ids", "max_tokens")}) + "\n")
         prompt_file = f.name
     full = cmd + ["bench", "--prompts", prompt_file, "--json"]
     if "--threads" in options:
@@ -374,6 +387,80 @@ def merge_sf_trt(results: list[dict], doc: dict) -> int:
             entry[f"ratio_spec_{name}"] = ss / hl if isinstance(ss, (int, float)) and hl else None
         res["sf_trt"] = entry
     return matched
+
+
+# -- prefill -------------------------------------------------------------------
+
+PREFILL_RUNS = 2
+"""Timed runs of each prompt length per engine; the faster counts (sf_trt: its bench's plain and speculative run)."""
+
+
+def prefill_ids(encoded: list[tuple], length: int) -> list[int]:
+    """``length`` prompt ids: the bench prompts' ids one after another, repeated, cut to ``length``."""
+    pool = [t for _, ids, _, _ in encoded for t in ids]
+    return (pool * -(-length // len(pool)))[:length]
+
+
+def sf_trt_prefill(cmd: list[str], ids: list[int], args) -> tuple[list[float] | None, str]:
+    """sf_trt's times to the first token of ``ids`` (``sf-trt bench``, ``max_tokens`` 1: its plain
+    and its speculative run), or (None, why)."""
+    doc, note = run_sf_trt(cmd, [{"id": f"prefill_{len(ids)}", "prompt_ids": ids, "max_tokens": 1}], args.threads, True, args.sf_trt_timeout)
+    result = next(iter((doc or {}).get("results") or []), None)
+    if result is None:
+        return None, note
+    times = [result[run].get("first_token_s") for run in ("plain", "spec")]
+    if result.get("prompt_tokens") != len(ids) or not all(isinstance(t, (int, float)) and t > 0 for t in times):
+        return None, f"{note}: expected {len(ids)} prompt tokens and each run's first_token_s, got {json.dumps(result)[:300]}"
+    return times, note
+
+
+def measure_prefill(peers, encoded, args, sf_cmd: list[str] | None) -> list[dict[str, Any]]:
+    """Each length of ``--prefill``: every peer's time to the first token, then sf_trt's."""
+    rows = []
+    for length in args.prefill:
+        ids = prefill_ids(encoded, length)
+        row: dict[str, Any] = {"prompt_tokens": length, "peers": {}}
+        for peer in peers:
+            times = [peer.generate(ids, 1, allow_eos=True, lookup=None)[1] for _ in range(PREFILL_RUNS)]
+            row["peers"][peer.name] = {"seconds": times, "best_s": min(times), "tokens_per_s": length / min(times)}
+            say(f"prefill {length}: {peer.name} {min(times):.3f} s ({length / min(times):.0f} tok/s)")
+        if sf_cmd is not None:
+            times, note = sf_trt_prefill(sf_cmd, ids, args)
+            if times is None:
+                row["sf_trt"] = {"note": note}
+                say(f"prefill {length}: sf_trt left out: {note}")
+            else:
+                sf = row["sf_trt"] = {"seconds": times, "best_s": min(times), "tokens_per_s": length / min(times), "command": note}
+                for name, peer in row["peers"].items():
+                    sf[f"ratio_{name}"] = sf["tokens_per_s"] / peer["tokens_per_s"]
+                say(f"prefill {length}: sf_trt {min(times):.3f} s ({length / min(times):.0f} tok/s)")
+        rows.append(row)
+    return rows
+
+
+def print_prefill_table(rows: list[dict], peers: list[str]) -> None:
+    head = ["prompt tokens"]
+    for name in peers:
+        head += [f"{name} s", f"{name} tok/s"]
+    with_sf = any("tokens_per_s" in (r.get("sf_trt") or {}) for r in rows)
+    if with_sf:
+        head += ["sf_trt s", "sf_trt tok/s"] + [f"sf/{name}" for name in peers]
+    table = []
+    for r in rows:
+        cells = [str(r["prompt_tokens"])]
+        for name in peers:
+            p = r["peers"][name]
+            cells += [fmt(p["best_s"], ".3f"), fmt(p["tokens_per_s"], ".0f")]
+        if with_sf:
+            sf = r.get("sf_trt") or {}
+            cells += [fmt(sf.get("best_s"), ".3f"), fmt(sf.get("tokens_per_s"), ".0f")]
+            cells += [fmt(sf.get(f"ratio_{name}"), ".2f") + ("x" if sf.get(f"ratio_{name}") else "") for name in peers]
+        table.append(cells)
+    widths = [max(len(h), *(len(c[i]) for c in table)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    print("  ".join("-" * w for w in widths))
+    for cells in table:
+        print("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
 
 
 # -- output --------------------------------------------------------------------
@@ -443,7 +530,20 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
     ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
     ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow each sf-trt run (default 3600)")
+    ap.add_argument("--prefill", type=_lengths, metavar="N,N,...",
+                    help="measure prefill instead of decoding: time to the first token of a prompt of each length "
+                    "(e.g. 256,1024,4096; the same ids for every engine), tokens/s and sf_trt's ratio")
     return ap
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated prompt lengths like 256,1024, got {text!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"expected prompt lengths >= 1, got {text!r}")
+    return lengths
 
 
 def _load_hf(torch, transformers, gguf: Path):
@@ -616,6 +716,10 @@ def main(argv: list[str] | None = None) -> int:
             raise Missing(f"--prompt-ids sf_trt: sf_trt's tokenizer is not usable here ({sf_why})")
         # the context every llama.cpp run may need: the longest prompt, its tokens, a draft's overshoot
         longest = max(len(sf_tok.encode(sf_tok.apply_chat_template(p["messages"], add_generation_prompt=True))) + p["max_tokens"] for p in prompts) if sf_tok else 4096
+        if args.prefill:
+            if sf_tok is None:
+                raise Missing(f"--prefill feeds every engine sf_trt's prompt ids; sf_trt's tokenizer is not usable here ({sf_why})")
+            longest = max(longest, max(args.prefill) + 1)
         args.n_ctx = -(-(longest + args.lookup_tokens + 1) // 256) * 256
         peers = _open_peers(names, gguf, args)
     except Missing as exc:
@@ -638,10 +742,12 @@ def main(argv: list[str] | None = None) -> int:
                 for _name, lookup in modes:
                     peer.generate(ids0, n0, allow_eos=args.allow_eos, lookup=lookup)
         say(f"warmup done ({args.warmup} x {n0} tokens per peer and mode on {p0['id']!r})")
-    turns = None
+    turns = cmd = None
     if args.sf_trt and not args.sf_trt_json:
         cmd = shlex.split(args.sf_trt_cmd) if args.sf_trt_cmd else (["sf-trt"] if shutil.which("sf-trt") else None)
         turns = SfTrtTurns(cmd, args) if cmd is not None else None
+    if args.prefill:
+        return prefill_main(peers, encoded, args, cmd, gguf)
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     results = _measure(peers, encoded, modes, args, sf_turn=turns)
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -673,6 +779,36 @@ def main(argv: list[str] | None = None) -> int:
         },
         "sf_trt": sf_status,
         "results": results,
+    }
+    args.json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    say(f"wrote {args.json_path}")
+    return 0
+
+
+def prefill_main(peers, encoded, args, sf_cmd: list[str] | None, gguf: Path) -> int:
+    """``--prefill``: the lengths measured, the table printed, the JSON written."""
+    if args.sf_trt and sf_cmd is None:
+        say("sf_trt left out: no `sf-trt` command on PATH (install sf_trt, or pass --sf-trt-cmd)")
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows = measure_prefill(peers, encoded, args, sf_cmd)
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print()
+    load = (f", load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores" if load_before and load_after else "")
+    print(f"prefill, time to the first token (fastest of {PREFILL_RUNS}); {'; '.join(peer.describe() for peer in peers)}; "
+          f"{args.threads} threads{load}")
+    print_prefill_table(rows, [peer.name for peer in peers])
+    report = {
+        "tool": "tools/bench_peers.py --prefill",
+        "versions": {**{k: v for peer in peers for k, v in peer.versions.items()}, "python": platform.python_version()},
+        "settings": {
+            "gguf": str(gguf), "prompts": str(args.prompts), "peers": [peer.name for peer in peers], "threads": args.threads,
+            "device": "cpu", "lengths": args.prefill, "runs": PREFILL_RUNS, "llama_cpp_n_ctx": args.n_ctx, "llama_cpp_n_batch": 512,
+            "cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "seconds": "time to the first token of a prompt of that many ids (the bench prompts' sf_trt ids, repeated); "
+                       "tokens_per_s: prompt tokens over the fastest run",
+        },
+        "prefill": rows,
     }
     args.json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     say(f"wrote {args.json_path}")

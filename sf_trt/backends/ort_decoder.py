@@ -42,15 +42,16 @@ from typing import Sequence
 
 import numpy as np
 
-from ..abi import Status, StatusError
+from ..abi import Sampling, Status, StatusError
 from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
-from ..graphs.verify import GREEDY
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
 __all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
 
+
+_GREEDY = int(Sampling.GPU_GREEDY)
 
 _CACHE_TYPES = {"fp32": np.float32, "fp16": np.float16}
 """The KV cache's numpy type by the decoder's precision, for the precisions onnxruntime runs."""
@@ -231,7 +232,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
     def _verify_sample_impl(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
         greedy = getattr(logits, "greedy", None)
-        if greedy is not None and not np.any(np.asarray(sample.mode) != GREEDY):
+        if greedy is not None and not np.any(np.asarray(sample.mode) != _GREEDY):
             # every row greedy: the decoder graph's ArgMax is the greedy graph's, on these very logits
             return greedy, greedy == np.asarray(sample.draft)
         return self._sampler.run(logits, sample)

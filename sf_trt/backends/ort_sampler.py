@@ -23,55 +23,72 @@ batch, never changes a row's token (SPEC behaviour 3).
 Input checks are :class:`~sf_trt.primitives.PrimitivesBase`'s; this only converts
 (:func:`sf_trt.graphs.verify.sample_feeds`: the fields, and the row's noise keys from its
 ``rng_counter_base`` and ``position``).
+
+Every session is opened on its first use, and the graph builders (and onnx) are imported
+then: a greedy generate on the decoder's pass form, whose greedy tokens come with the
+logits, opens none (peak memory, docs/benchmarks.md). A sampled one opens the nucleus
+path's session, and the full graph's only when a row is not covered.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .ort_session import open_session
-from ..graphs import verify as _verify
+from ..abi import Sampling
 from ..primitives import SampleRows
+from .ort_session import open_session
 
 __all__ = ["OrtVerifySampler"]
+
+_GUMBEL = int(Sampling.GPU_GUMBEL)
 
 
 class OrtVerifySampler:
     """The verify-and-sample graph on onnxruntime's CPU provider.
 
     ``run(logits [K, vocab], sample)`` returns ``(tokens [K] int64, match [K] bool)``.
-    ``candidates`` is the nucleus path's width (:data:`sf_trt.graphs.verify.CANDIDATES`);
-    it is part of the sampler's semantics, as TensorRT's verify engine is built with it.
+    ``candidates`` is the nucleus path's width, :data:`sf_trt.graphs.verify.CANDIDATES`
+    when None; it is part of the sampler's semantics, as TensorRT's verify engine is built
+    with it.
     """
 
-    def __init__(self, vocab: int, top_k_limit: int = 1024, threads: int = 1, candidates: int = _verify.CANDIDATES) -> None:
+    def __init__(self, vocab: int, top_k_limit: int = 1024, threads: int = 1, candidates: int | None = None) -> None:
         self.vocab = int(vocab)
         self.top_k_limit = int(top_k_limit)
         self.threads = int(threads)
-        self.candidates = int(candidates)
-        self._greedy = self._session(_verify.build_greedy_graph(self.vocab))
-        # (nucleus path alone, top_k used, top_p used, min_p used, top-k within the candidates) -> session;
-        # built on first use
-        self._variants: dict[tuple[bool, bool, bool, bool, bool], object] = {}
-        self._variant(False, True, True, True)  # the full graph: checks the arguments now
+        self._candidates = None if candidates is None else int(candidates)
+        # "greedy", or (nucleus path alone, top_k used, top_p used, min_p used, top-k within the
+        # candidates) -> session; each opened on first use
+        self._sessions: dict = {}
 
-    def _session(self, model):
-        return open_session(model, threads=self.threads)
+    @property
+    def candidates(self) -> int:
+        if self._candidates is None:
+            from ..graphs.verify import CANDIDATES  # imports onnx: not before a sampled run needs it
 
-    def _variant(self, nucleus: bool, top_k: bool, top_p: bool, min_p: bool, narrow: bool = False):
-        key = (nucleus, top_k, top_p, min_p, narrow)
-        if key not in self._variants:
-            build = _verify.build_candidate_graph if nucleus else _verify.build_verify_graph
-            limit = min(self.top_k_limit, self.candidates) if narrow else self.top_k_limit
-            model = build(self.vocab, limit, top_k=top_k, top_p=top_p, min_p=min_p, candidates=self.candidates)
-            self._variants[key] = self._session(model)
-        return self._variants[key]
+            self._candidates = CANDIDATES
+        return self._candidates
+
+    def _session(self, key):
+        sess = self._sessions.get(key)
+        if sess is None:
+            from ..graphs import verify
+
+            if key == "greedy":
+                graph = verify.build_greedy_graph(self.vocab)
+            else:
+                nucleus, top_k, top_p, min_p, narrow = key
+                build = verify.build_candidate_graph if nucleus else verify.build_verify_graph
+                limit = min(self.top_k_limit, self.candidates) if narrow else self.top_k_limit
+                graph = build(self.vocab, limit, top_k=top_k, top_p=top_p, min_p=min_p, candidates=self.candidates)
+            sess = self._sessions[key] = open_session(graph, threads=self.threads)
+        return sess
 
     def session_for(self, sample: SampleRows) -> str:
         """Which graph :meth:`run` uses for ``sample``: ``"greedy"`` or
         ``"gumbel[+top_k][+top_p][+min_p]"`` (with ``top_k`` or ``top_p``, the nucleus path
         first, then that graph on the rows it does not cover)."""
-        gumbel = np.asarray(sample.mode) == _verify.GUMBEL
+        gumbel = np.asarray(sample.mode) == _GUMBEL
         if not gumbel.any():
             return "greedy"
         top_k = bool(np.any(np.asarray(sample.top_k)[gumbel] > 0))
@@ -82,7 +99,7 @@ class OrtVerifySampler:
     def _flags(self, which: str, sample: SampleRows) -> tuple[bool, bool, bool, bool]:
         """(top_k used, top_p used, min_p used, every Gumbel row's top_k within the candidates)."""
         top_k = "+top_k" in which
-        gumbel = np.asarray(sample.mode) == _verify.GUMBEL
+        gumbel = np.asarray(sample.mode) == _GUMBEL
         narrow = top_k and bool(np.all(np.asarray(sample.top_k)[gumbel] <= self.candidates))
         return top_k, "+top_p" in which, "+min_p" in which, narrow
 
@@ -90,20 +107,22 @@ class OrtVerifySampler:
         k = sample.num_rows
         if k == 0:
             return np.zeros(0, np.int64), np.zeros(0, bool)
+        from ..graphs import verify
+
         which = self.session_for(sample)
         # the greedy graph reads no noise: skip hashing the rows' keys for it
-        feeds = {_verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **_verify.sample_feeds(sample, noise=which != "greedy")}
+        feeds = {verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **verify.sample_feeds(sample, noise=which != "greedy")}
         if which == "greedy":
-            tokens, match = self._greedy.run(list(_verify.OUTPUTS), feeds)
+            tokens, match = self._session("greedy").run(list(verify.OUTPUTS), feeds)
             return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
         flags = self._flags(which, sample)
         if not (flags[0] or flags[1]):  # no row can be covered by candidates
-            tokens, match = self._variant(False, *flags).run(list(_verify.OUTPUTS), feeds)
+            tokens, match = self._session((False, *flags)).run(list(verify.OUTPUTS), feeds)
             return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
-        tokens, match, covered = self._variant(True, *flags).run([*_verify.OUTPUTS, _verify.COVERED], feeds)
+        tokens, match, covered = self._session((True, *flags)).run([*verify.OUTPUTS, verify.COVERED], feeds)
         tokens, match = tokens.astype(np.int64), match.astype(bool)
         if not covered.all():  # the rows whose kept tokens reach past the candidates: the whole vocabulary
             rest = np.flatnonzero(~covered)
             sub = {name: np.ascontiguousarray(value[rest]) for name, value in feeds.items()}
-            tokens[rest], match[rest] = self._variant(False, *flags).run(list(_verify.OUTPUTS), sub)
+            tokens[rest], match[rest] = self._session((False, *flags)).run(list(verify.OUTPUTS), sub)
         return tokens, match

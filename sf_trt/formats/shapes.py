@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-import onnx
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "ShapeError", "ShapeLimits", "DIM_ROLES", "ROLES",
@@ -90,16 +91,16 @@ class ShapeLimits:
         return ROLES[role](self)
 
 
-_ONNX_DTYPE = {
-    onnx.TensorProto.FLOAT: "float32",
-    onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.BFLOAT16: "bfloat16",
-    onnx.TensorProto.INT32: "int32",
-    onnx.TensorProto.INT64: "int64",
-    onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.UINT8: "uint8",
-    onnx.TensorProto.BOOL: "bool",
-    onnx.TensorProto.DOUBLE: "float64",
+_ONNX_DTYPE = {  # onnx.TensorProto's element types (onnx is imported where a graph is read)
+    1: "float32",  # FLOAT
+    10: "float16",  # FLOAT16
+    16: "bfloat16",  # BFLOAT16
+    6: "int32",  # INT32
+    7: "int64",  # INT64
+    3: "int8",  # INT8
+    2: "uint8",  # UINT8
+    9: "bool",  # BOOL
+    11: "float64",  # DOUBLE
 }
 
 
@@ -124,6 +125,8 @@ class IOTensor:
 
 def load_graph(graph: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     """``graph`` itself, or the ONNX file at that path without its external data."""
+    import onnx
+
     if isinstance(graph, onnx.ModelProto):
         return graph
     try:
@@ -149,6 +152,8 @@ def _io_tensor(mode: str, vi: onnx.ValueInfoProto) -> IOTensor:
         raise ShapeError(f"graph {mode} {vi.name!r} has no tensor shape; expected a typed, ranked tensor")
     dtype = _ONNX_DTYPE.get(tt.elem_type)
     if dtype is None:
+        import onnx
+
         raise ShapeError(
             f"graph {mode} {vi.name!r} of type {onnx.TensorProto.DataType.Name(tt.elem_type)}; "
             f"expected one of {sorted(set(_ONNX_DTYPE.values()))}"

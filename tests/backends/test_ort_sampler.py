@@ -93,8 +93,8 @@ def test_sampler_runs_the_nucleus_path_then_the_full_graph_on_the_rows_it_does_n
     feeds["top_p"][10:20] = np.float32(0.2)  # narrow ones
     sample = sample_rows(feeds)
     flags = sampler._flags(sampler.session_for(sample), sample)
-    nucleus_sess, full_sess = _Counted(sampler._variant(True, *flags)), _Counted(sampler._variant(False, *flags))
-    sampler._variants[(True, *flags)], sampler._variants[(False, *flags)] = nucleus_sess, full_sess
+    nucleus_sess, full_sess = _Counted(sampler._session((True, *flags))), _Counted(sampler._session((False, *flags)))
+    sampler._sessions[(True, *flags)], sampler._sessions[(False, *flags)] = nucleus_sess, full_sess
     tokens, match = sampler.run(feeds["logits"], sample)
     full = session(vocab, candidates=candidates).run(None, {"logits": feeds["logits"], **V.sample_feeds(sample)})
     np.testing.assert_array_equal(tokens, full[0])

@@ -11,9 +11,19 @@ Importing this package needs neither TensorRT nor a GPU: ``tensorrt`` and
 * :mod:`.probes` — TensorRT, the GPU, type names; :mod:`.errors`.
 """
 
-from .buffers import BufferPlan, BufferSpec
-from .errors import TensorRTError, TensorRTUnavailable
-from .primitives import TensorRTPrimitives
-from .runners import EngineRunner
+import importlib
 
-__all__ = ["BufferPlan", "BufferSpec", "EngineRunner", "TensorRTError", "TensorRTUnavailable", "TensorRTPrimitives"]
+_EXPORTS = {
+    "BufferPlan": "buffers", "BufferSpec": "buffers", "EngineRunner": "runners",
+    "TensorRTError": "errors", "TensorRTUnavailable": "errors", "TensorRTPrimitives": "primitives",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    # imported on first use: importing one submodule (the command line's parser imports
+    # .errors) does not import the backend, the verify graph and onnx with it
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
