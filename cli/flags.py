@@ -50,6 +50,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="with --backend tensorrt: the directory of engines and manifest.json (default engines/)")
     g.add_argument("--threads", type=ranged(int, 1, what="threads >= 1"), default=None,
                    help="onnxruntime intra-op threads (default: one per core; more than the cores is capped, with a note)")
+    g.add_argument("--spin", action="store_true",
+                   help="onnxruntime's intra-op threads spin between ops instead of sleeping: faster when nothing else "
+                   "runs on the cores (a 1-row pass about 1.2-1.4x here), much slower when other jobs share them "
+                   "(default: sleep); what llama.cpp's OpenMP threads do unless OMP_WAIT_POLICY=PASSIVE")
     g.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS,
                    help=f"{DEFAULT_WEIGHTS} (default: per-channel int8 weights, onnxruntime's 8-bit kernels), float32 "
                    "(the GGUF dequantized as it is) or q4 (the GGUF's own 4-bit blocks in onnxruntime's MatMulNBits; "

@@ -80,7 +80,7 @@ def open_backend(args: argparse.Namespace, model: Resolved, *, max_lanes: int, m
         threads = cores()
     return open_model(
         args.backend, model.model_dir.path, max_lanes=max_lanes, max_context=max_context,
-        threads=threads, engines=args.engines,
+        threads=threads, engines=args.engines, spinning=getattr(args, "spin", False),
     )
 
 

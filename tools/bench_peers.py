@@ -32,6 +32,9 @@ one prompt at a time right after the peers ran that prompt (so a change in the
 machine's load hits sf_trt and the peers alike), and adds ratio columns (sf_trt
 plain / each peer's plain, sf_trt spec / each peer's prompt lookup);
 ``--sf-trt-json PATH`` merges a saved ``sf-trt bench --json`` output instead.
+Threads wait alike on both sides: llama.cpp's OpenMP threads spin between ops unless
+``OMP_WAIT_POLICY=PASSIVE``, so sf-trt runs with ``--spin`` unless that is set (its own
+default is to sleep); the table's heading and the JSON say which.
 
 ``--prefill 256,1024,4096`` measures prefill instead of decoding: one prompt of each
 length (the bench prompts' sf_trt ids, concatenated and repeated, cut to the length:
@@ -323,6 +326,12 @@ def parse_json_output(text: str) -> dict | None:
     return best
 
 
+def sf_trt_spins() -> bool:
+    """Whether sf-trt's threads spin in this run: as llama.cpp's OpenMP threads do, so unless
+    ``OMP_WAIT_POLICY=PASSIVE`` (sf-trt's own default is to sleep; it spins with ``--spin``)."""
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
+
+
 def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float) -> tuple[dict | None, str]:
     """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``; (its JSON or None, a note)."""
     try:
@@ -342,6 +351,8 @@ def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: boo
         full += ["--threads", str(threads)]
     if not allow_eos and "--ignore-eos" in options:  # exactly max_tokens tokens, as the HF runs
         full += ["--ignore-eos"]
+    if sf_trt_spins() and "--spin" in options:  # the threads wait as llama.cpp's OpenMP threads do
+        full += ["--spin"]
     say(f"running {shlex.join(full)}")
     try:
         done = subprocess.run(full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -756,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     load = (f", load average {load_before[0]:.2f} -> {load_after[0]:.2f} on {os.cpu_count()} cores" if load_before and load_after else "")
     print(f"{'; '.join(peer.describe() for peer in peers)}; {args.threads} threads, prompt lookup {args.lookup_tokens} tokens, "
-          f"{'EOS may stop' if args.allow_eos else 'no early EOS'}{load}")
+          f"{'EOS may stop' if args.allow_eos else 'no early EOS'}; threads {'spin' if sf_trt_spins() else 'sleep'} between ops{load}")
     print_table(results, [peer.name for peer in peers], with_sf=bool(doc is not None and sf_status.get("matched")))
     for peer in peers:
         total = lambda mode: sum(r["peers"][peer.name][mode]["tokens"] for r in results) / sum(r["peers"][peer.name][mode]["seconds"] for r in results)  # noqa: E731
@@ -774,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": "cpu", "lookup_tokens": args.lookup_tokens, "max_tokens_override": args.max_tokens,
             "allow_eos": args.allow_eos, "warmup": args.warmup, "repeats": args.repeats, "llama_cpp_n_ctx": args.n_ctx,
             "cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "sf_trt_spin": sf_trt_spins(),
             "tokens_per_s": "new tokens / wall time of one generate call (prefill included); fastest of the repeats",
         },
         "sf_trt": sf_status,
@@ -804,7 +815,7 @@ def prefill_main(peers, encoded, args, sf_cmd: list[str] | None, gguf: Path) -> 
             "gguf": str(gguf), "prompts": str(args.prompts), "peers": [peer.name for peer in peers], "threads": args.threads,
             "device": "cpu", "lengths": args.prefill, "runs": PREFILL_RUNS, "llama_cpp_n_ctx": args.n_ctx, "llama_cpp_n_batch": 512,
             "cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "sf_trt_spin": sf_trt_spins(),
             "seconds": "time to the first token of a prompt of that many ids (the bench prompts' sf_trt ids, repeated); "
                        "tokens_per_s: prompt tokens over the fastest run",
         },

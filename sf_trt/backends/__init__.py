@@ -69,8 +69,10 @@ def open_model(
     max_context: int,
     threads: int | None = None,
     engines: str | os.PathLike | None = None,
+    spinning: bool = False,
 ):
-    """Backend ``name`` opened on ``model_dir`` with ``max_lanes`` slots of ``max_context`` positions."""
+    """Backend ``name`` opened on ``model_dir`` with ``max_lanes`` slots of ``max_context`` positions;
+    ``spinning``: onnxruntime's intra-op threads spin between ops (see ``OrtDecoderPrimitives``)."""
     backend = BACKENDS.get(name)
     if backend is None:
         raise StatusError(Status.BAD_ARGUMENT, f"open_model({name!r}): unknown backend (known: {', '.join(names())})")
@@ -83,5 +85,6 @@ def open_model(
     if opener is None:
         raise StatusError(Status.UNSUPPORTED, f"open_model({name!r}): {module_name} has no {fn_name}")
     return opener(
-        model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, engines=engines, **backend.options
+        model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, engines=engines, spinning=spinning,
+        **backend.options,
     )

@@ -362,6 +362,7 @@ def open_model(
     max_context: int,
     threads: int | None = None,
     engines: str | os.PathLike | None = None,
+    spinning: bool = False,
     providers: Sequence = ("CPUExecutionProvider",),
 ) -> OrtDecoderPrimitives:
     """The decoder of ``model_dir`` on onnxruntime with ``providers`` (the first
@@ -371,5 +372,6 @@ def open_model(
         name, options = providers[0]
         providers[0] = (name, {**options, "trt_engine_cache_path": os.fspath(Path(engines) / "ort_trt")})
     return OrtDecoderPrimitives(
-        model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, providers=providers_for(providers)
+        model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, providers=providers_for(providers),
+        spinning=spinning,
     )

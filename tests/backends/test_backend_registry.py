@@ -28,6 +28,10 @@ def test_an_unknown_backend_is_refused_naming_the_known_ones(tiny_model_dir):
 def test_onnxruntime_opens_the_model_directory(tiny_model_dir):
     prims = open_model("onnxruntime", tiny_model_dir, max_lanes=2, max_context=32, threads=1)
     assert (prims.capabilities.max_lanes, prims.capabilities.max_context) == (2, 32)
+    assert prims.spinning is False  # threads sleep between ops unless asked
+    prims.close()
+    prims = open_model("onnxruntime", tiny_model_dir, max_lanes=1, max_context=32, threads=1, spinning=True)
+    assert prims.spinning is True and prims._session_config("all")["session.intra_op.allow_spinning"] == "1"
     prims.close()
 
 

@@ -67,11 +67,13 @@ def test_bad_prompts_are_refused(args, words):
 @pytest.mark.slow
 def test_generate_json_is_the_same_with_and_without_speculation():
     runs = {}
-    for spec in ("none", "prompt-lookup", "suffix"):
+    for spec in ("none", "prompt-lookup", "suffix", "spin"):  # spin: the last one again, its threads spinning
+        flags = ["--speculate", "suffix", "--spin"] if spec == "spin" else ["--speculate", spec]
         proc = sf_trt("generate", "--prompt", "one two three four one two three four one two", "--max-tokens", "24",
-                      "--temperature", "0.7", "--seed", "5", "--speculate", spec, "--json", check=True)
+                      "--temperature", "0.7", "--seed", "5", *flags, "--json", check=True)
         runs[spec] = json.loads(proc.stdout)
     plain = runs["none"]
+    assert runs["spin"]["tokens"] == plain["tokens"]
     assert set(plain) == {"tokens", "text", "finish", "prompt_tokens", "seconds", "tokens_per_s", "proposed", "accepted", "error"}
     for spec in (runs["prompt-lookup"], runs["suffix"]):
         assert plain["error"] is None and spec["error"] is None

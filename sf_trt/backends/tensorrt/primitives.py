@@ -266,11 +266,12 @@ def open_model(
     max_context: int,
     threads: int | None = None,
     engines: str | os.PathLike | None = None,
+    spinning: bool = False,
 ) -> TensorRTPrimitives:
     """The decoder and verify engines under ``engines`` (default ``engines/``), built
     by ``sf-trt build`` from ``model_dir``; the opener the backend registry names.
     The engines' profiles fix the lanes and context (``max_lanes`` and
-    ``max_context`` must fit them); ``threads`` does not apply."""
+    ``max_context`` must fit them); ``threads`` and ``spinning`` (onnxruntime's) do not apply."""
     from ...formats.model_dir import ModelDir, ModelDirError
 
     try:
