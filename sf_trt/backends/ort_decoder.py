@@ -8,12 +8,16 @@ layout and keeps the KV cache on the host:
 * the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
   max_context + 1, head_dim]`` of the decoder's compute type (float32, or float16 for
   an fp16 export; position ``max_context`` of each lane is
-  the trash slot padding rows write to), allocated once. A run's lanes are
-  sorted by slot; when their slots are contiguous (the usual case: keep a
-  batch's lanes in slots ``0..n-1``) each layer's input is an OrtValue over a
-  view of the arrays, made once per slot range and bound with IOBinding, so a
-  pass reads the cache in place; otherwise their rows are copied out first
-  (``cache_copies`` counts those runs);
+  the trash slot padding rows write to), allocated once. Each lane slot's cache
+  lives in one *row* of the arrays' lane axis, not necessarily its own: a run
+  needs its lanes' rows side by side, so that each layer's input is an OrtValue
+  over a view of the arrays (made once per row range, bound with IOBinding) and
+  the pass reads the cache in place. When a run's lanes are not side by side
+  (lanes finished or prefill apart from the others), the caches of the few lanes
+  outside the best window are swapped into it, once, up to their lengths
+  (``cache_moves`` counts the lanes moved); later runs of the same lanes find them
+  in place. (Copying the run's caches out instead cost every pass a copy of them
+  all: 17% of an 8-lane decode where two lanes were still prefilling.)
 * the graph returns only this pass's new K/V; after the pass they are written
   into the arrays at ``(slot, position)`` (numpy bookkeeping), padding rows
   skipped;
@@ -203,9 +207,11 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._ort = ort
         self._views: dict[tuple[int, int], list] = {}  # (first slot, lanes) -> OrtValues of that range
         self._bound: tuple[int, int] | None = None
-        self._staged: list | None = None
-        self.cache_copies = 0
-        """Runs whose lanes' slots were not contiguous, so their caches were copied."""
+        self._row_of = np.arange(caps.max_lanes)  # lane slot -> the arrays' row holding its cache
+        self._slot_at = np.arange(caps.max_lanes)  # row -> the lane slot whose cache it holds
+        self._written = np.zeros(caps.max_lanes, np.int64)  # per slot: past the furthest position ever written
+        self.cache_moves = 0
+        """Lanes whose cache was swapped into another row so a run's lanes sit side by side."""
         if self.cache_inputs == "slots":  # the whole cache, bound once; the graph gathers the lanes
             self._bind_range(0, caps.max_lanes)
 
@@ -243,7 +249,6 @@ class OrtDecoderPrimitives(PrimitivesBase):
     def close(self) -> None:
         self._binding = None
         self._views = {}
-        self._staged = None
         self._session = None
         self._sampler = None
         self._keys = self._values = None
@@ -288,26 +293,49 @@ class OrtDecoderPrimitives(PrimitivesBase):
             self._binding.bind_ortvalue_input(key_name, values[2 * i])
             self._binding.bind_ortvalue_input(value_name, values[2 * i + 1])
 
-    def _bind_caches(self, slots: np.ndarray) -> None:
-        """Bind past_key_i / past_value_i to the caches of ``slots`` (ascending)."""
+    def _bind_caches(self, rows: np.ndarray) -> None:
+        """Bind past_key_i / past_value_i to the cache rows ``rows`` (ascending, side by side)."""
         if self.cache_inputs == "slots":
-            self._binding.bind_cpu_input("lane_ids", slots)
+            self._binding.bind_cpu_input("lane_ids", rows)
             return
-        first, n = int(slots[0]), int(slots.shape[0])
-        if int(slots[-1]) - first + 1 == n:  # contiguous: a view
-            if self._bound != (first, n):
-                self._bind_range(first, n)
-            return
-        self.cache_copies += 1
-        keys, vals = self._keys[:, slots], self._values[:, slots]  # copies
-        self._staged = [self._ort.OrtValue.ortvalue_from_numpy(arr[i]) for i in range(self.config.n_layers) for arr in (keys, vals)]
-        self._bind_values(self._staged)
-        self._bound = None
+        first, n = int(rows[0]), int(rows.shape[0])
+        if self._bound != (first, n):
+            self._bind_range(first, n)
+
+    def _side_by_side(self, lanes: np.ndarray) -> np.ndarray:
+        """The cache rows of ``lanes``, made contiguous: lanes outside the window of
+        ``len(lanes)`` rows that already holds most of them swap rows with what is in it."""
+        rows, n = self._row_of[lanes], lanes.shape[0]
+        if int(rows.max()) - int(rows.min()) + 1 == n:
+            return rows
+        held = np.zeros(self.capabilities.max_lanes + 1, np.int64)
+        held[rows + 1] = 1
+        held = np.cumsum(held)  # held[r] = how many of the rows lie below r
+        start = int(np.argmax(held[n:] - held[:-n]))  # the window [start, start + n) holding the most
+        free = [r for r in range(start, start + n) if not np.any(rows == r)]
+        for lane, row in zip(lanes, rows):
+            if not start <= row < start + n:
+                self._swap_rows(int(row), free.pop())
+        return self._row_of[lanes]
+
+    def _swap_rows(self, a: int, b: int) -> None:
+        """Swap the caches in rows ``a`` and ``b`` (as far as either was written) and their owners."""
+        sa, sb = int(self._slot_at[a]), int(self._slot_at[b])
+        # not the lanes' state_len: an earlier run of the same forward call may have written further
+        n = int(max(self._written[sa], self._written[sb]))
+        for arr in (self._keys, self._values):
+            kept = arr[:, a, :, :n].copy()
+            arr[:, a, :, :n] = arr[:, b, :, :n]
+            arr[:, b, :, :n] = kept
+        self._slot_at[a], self._slot_at[b] = sb, sa
+        self._row_of[sa], self._row_of[sb] = b, a
+        self.cache_moves += 1
 
     def _run(self, rows: Rows, lanes: list[int], lane_rows: list[np.ndarray], wanted: np.ndarray, logits: np.ndarray) -> None:
         cfg, trash = self.config, self.capabilities.max_context
-        order = np.argsort(np.asarray(lanes), kind="stable")  # lanes by slot: contiguous slots are a view
-        slots = np.asarray(lanes, np.int64)[order]
+        cache_rows = self._side_by_side(np.asarray(lanes, np.int64))
+        order = np.argsort(cache_rows, kind="stable")  # lanes by cache row: side by side, a view
+        slots = cache_rows[order]
         lane_rows = [lane_rows[j] for j in order]
         b, t = len(lanes), max(r.shape[0] for r in lane_rows)
         input_ids = np.zeros((b, t), np.int64)
@@ -339,6 +367,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
         kv = new_kv.reshape(cfg.n_layers, 2, b * t, cfg.n_kv_heads, cfg.head_dim)[:, :, flat]
         row_slots = slots[flat // t]
         pos = rows.positions[src]
+        np.maximum.at(self._written, self._slot_at[row_slots], pos + 1)
         self._keys[:, row_slots, :, pos, :] = kv[:, 0].transpose(1, 0, 2, 3)
         self._values[:, row_slots, :, pos, :] = kv[:, 1].transpose(1, 0, 2, 3)
 
@@ -351,8 +380,8 @@ class OrtDecoderPrimitives(PrimitivesBase):
     def cache_rows(self, lane: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of lane ``lane``'s K and V for its ``state_len`` positions,
         ``[n_layers, n_kv_heads, state_len, head_dim]`` each."""
-        n = self.state_len(lane)
-        return self._keys[:, lane, :, :n].copy(), self._values[:, lane, :, :n].copy()
+        n, row = self.state_len(lane), int(self._row_of[lane])
+        return self._keys[:, row, :, :n].copy(), self._values[:, row, :, :n].copy()
 
 
 def open_model(

@@ -68,14 +68,24 @@ def test_logit_rows_come_back_in_the_order_asked(prims):
     assert prims.forward(rows(0, 0, SEQ[:12], logits=[])).shape == (0, 256)
 
 
-def test_non_contiguous_slots_are_copied_and_still_exact(prims):
+def test_lanes_apart_are_moved_side_by_side_once_and_stay_exact(prims):
     a = prims.forward(rows(0, 0, SEQ[:9]))
     b = prims.forward(rows(2, 0, SEQ[9:14]))
     prims.release(0), prims.release(2)
-    copies = prims.cache_copies
+    moves = prims.cache_moves
     both = prims.forward(concat(rows(2, 0, SEQ[9:14]), rows(0, 0, SEQ[:9])))
-    assert prims.cache_copies == copies + 1
+    assert prims.cache_moves == moves + 1  # one lane swapped next to the other
     assert np.array_equal(bits(both[:5]), bits(b)) and np.array_equal(bits(both[5:]), bits(a))
+    # the next passes of the same lanes read their caches where they now are: no more moves, and
+    # each lane's cache (moved or not) holds what that lane wrote
+    a_next = prims.forward(rows(0, 9, SEQ[9:11]))
+    b_next = prims.forward(rows(2, 5, SEQ[14:15]))
+    prims.truncate(0, 9), prims.truncate(2, 5)
+    together = prims.forward(concat(rows(0, 9, SEQ[9:11]), rows(2, 5, SEQ[14:15])))
+    assert prims.cache_moves == moves + 1
+    assert np.array_equal(bits(together[:2]), bits(a_next)) and np.array_equal(bits(together[2:]), bits(b_next))
+    keys, _ = prims.cache_rows(2)
+    assert keys.shape[2] == 6  # lane 2's own 6 positions, wherever its row is
 
 
 def test_a_long_lane_and_a_short_one_run_apart_without_padding(prims):
