@@ -205,7 +205,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._values = np.zeros(shape, dtype)
         self._binding = self._session.io_binding()
         self._ort = ort
-        self._views: dict[tuple[int, int], list] = {}  # (first slot, lanes) -> OrtValues of that range
+        self._views: dict[tuple[int, int], list] = {}  # (first row, rows) -> OrtValues of that range
         self._bound: tuple[int, int] | None = None
         self._row_of = np.arange(caps.max_lanes)  # lane slot -> the arrays' row holding its cache
         self._slot_at = np.arange(caps.max_lanes)  # row -> the lane slot whose cache it holds

@@ -113,16 +113,20 @@ class OrtVerifySampler:
         # the greedy graph reads no noise: skip hashing the rows' keys for it
         feeds = {verify.LOGITS: np.ascontiguousarray(logits, dtype=np.float32), **verify.sample_feeds(sample, noise=which != "greedy")}
         if which == "greedy":
-            tokens, match = self._session("greedy").run(list(verify.OUTPUTS), feeds)
-            return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
+            return self._draw("greedy", feeds)
         flags = self._flags(which, sample)
         if not (flags[0] or flags[1]):  # no row can be covered by candidates
-            tokens, match = self._session((False, *flags)).run(list(verify.OUTPUTS), feeds)
-            return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
+            return self._draw((False, *flags), feeds)
         tokens, match, covered = self._session((True, *flags)).run([*verify.OUTPUTS, verify.COVERED], feeds)
         tokens, match = tokens.astype(np.int64), match.astype(bool)
         if not covered.all():  # the rows whose kept tokens reach past the candidates: the whole vocabulary
             rest = np.flatnonzero(~covered)
-            sub = {name: np.ascontiguousarray(value[rest]) for name, value in feeds.items()}
-            tokens[rest], match[rest] = self._session((False, *flags)).run(list(verify.OUTPUTS), sub)
+            tokens[rest], match[rest] = self._draw((False, *flags), {name: np.ascontiguousarray(value[rest]) for name, value in feeds.items()})
         return tokens, match
+
+    def _draw(self, key, feeds: dict) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens int64, match bool)`` of session ``key`` on ``feeds``."""
+        from ..graphs.verify import OUTPUTS
+
+        tokens, match = self._session(key).run(list(OUTPUTS), feeds)
+        return tokens.astype(np.int64, copy=False), match.astype(bool, copy=False)
