@@ -1,7 +1,10 @@
 """The model engines behind the Primitives protocol: the copy model or a decoder.
 
 Each adapter owns the model's state buffers on the device and turns the
-protocol's flat :class:`~sf_trt.primitives.Rows` into the engine's inputs.
+protocol's flat :class:`~sf_trt.primitives.Rows` into the engine's inputs. A
+pass runs inside :meth:`~.device.Device.on_stream`: every device op of it (the
+gathers of ``new_kv`` rows and logit rows included, not only the writes) is
+ordered on the runtime's one stream with the engine's work.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ class CopyModel:
         runner.bind(COPY_STATE, self.state)
 
     def forward(self, rows: Rows, vocab: int) -> Any:
+        with self.dev.on_stream():
+            return self._forward(rows, vocab)
+
+    def _forward(self, rows: Rows, vocab: int) -> Any:
         dev = self.dev
         dev.put(
             self.state, (dev.to_device(rows.lanes), dev.to_device(rows.positions)),
@@ -138,6 +145,10 @@ class Decoder:
         self.lane_ids = dev.to_device(np.arange(batch).astype(self.dtypes["lane_ids"]))  # lane l at index l, always
 
     def forward(self, rows: Rows, vocab: int) -> Any:
+        with self.dev.on_stream():
+            return self._forward(rows, vocab)
+
+    def _forward(self, rows: Rows, vocab: int) -> Any:
         dev, n, k = self.dev, rows.num_rows, int(rows.logit_rows.size)
         if n == 0:
             return dev.zeros((0, vocab), "float32")
