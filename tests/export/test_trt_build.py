@@ -164,3 +164,14 @@ def test_a_tensorrt_that_cannot_start_is_one_line_naming_driver_cuda_and_tensorr
     assert line.startswith(f"trt.{factory} could not start (TypeError: pybind11::init(): factory function returned nullptr); found ")
     assert "driver 535.104.05 (CUDA 12.2), CUDA runtime 13.0 (torch 2.9.0), TensorRT 11.4.0.106 (tensorrt-cu13)" in line
     assert line.endswith("TensorRT needs CUDA 13 but the driver (535.104.05) supports CUDA 12.2: update the driver")
+
+
+def test_the_pass_form_decoder_never_reaches_tensorrt(tmp_path, tiny):
+    """decoder_pass.onnx sizes its key extent from `positions`: refused before the build, naming the node."""
+    from sf_trt.export.decoder_graph import build_decoder_graph, pass_form
+    from sf_trt.export.trt_build import graph_to_build
+
+    cfg, weights = tiny
+    onnx.save(pass_form(build_decoder_graph(cfg, weights)), tmp_path / "decoder_pass.onnx")
+    with pytest.raises(BuildError, match=r"TensorRT's ONNX parser would refuse \d+ node\(s\):\n  error: .*computed from the values of graph input\(s\) \['positions'\], so the shapes after it depend on data"):
+        graph_to_build(tmp_path / "decoder_pass.onnx", BuildConfig(max_lanes=2, rows_per_lane=3, max_context=32))
