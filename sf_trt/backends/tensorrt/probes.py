@@ -130,9 +130,11 @@ class StackVersions:
 
     @property
     def tensorrt_cuda_major(self) -> int | None:
-        """The CUDA major of the TensorRT wheel (``tensorrt-cu13`` -> 13)."""
+        """The CUDA major of the TensorRT wheel (``tensorrt-cu13`` -> 13); None when unknown or
+        when wheels of several majors are installed."""
         wheel = self.tensorrt_wheel or ""
-        return int(wheel.rsplit("-cu", 1)[1]) if "-cu" in wheel and wheel.rsplit("-cu", 1)[1].isdigit() else None
+        major = wheel.rsplit("-cu", 1)[-1]
+        return int(major) if wheel.startswith("tensorrt-cu") and major.isdigit() else None
 
     def line(self) -> str:
         """One line: ``driver 570.86.15 (CUDA 12.8), CUDA runtime 12.8 (torch 2.8.0), TensorRT 10.13.0.35 (tensorrt-cu12)``."""
@@ -211,6 +213,8 @@ def cuda_mismatch(v: StackVersions) -> str | None:
     """Why this stack's CUDA majors disagree (TensorRT's wheel against torch's runtime, or
     either against what the driver supports), in one line; ``None`` when they agree or a
     part is unknown."""
+    if v.tensorrt_wheel and " + " in v.tensorrt_wheel:
+        return f"TensorRT wheels of several CUDA majors are installed ({v.tensorrt_wheel}): keep the one of torch's CUDA"
     trt_major = v.tensorrt_cuda_major
     torch_major = int(v.torch_cuda.split(".")[0]) if v.torch_cuda and v.torch_cuda.split(".")[0].isdigit() else None
     driver_major = int(v.driver_cuda.split(".")[0]) if v.driver_cuda and v.driver_cuda.split(".")[0].isdigit() else None
@@ -244,13 +248,13 @@ def start_tensorrt(trt, what: str, *args):
 
 
 def onnxruntime_distributions() -> list[str]:
-    """The onnxruntime wheels installed here (``onnxruntime``, ``onnxruntime-gpu``, ...). Two of
-    them write the same ``onnxruntime`` package over each other: one must go."""
+    """The installed wheels that write the ``onnxruntime`` package (``onnxruntime``,
+    ``onnxruntime-gpu``, ``onnxruntime-openvino``, ...). Two of them overwrite each other's
+    files: one must go."""
     from importlib import metadata  # noqa: PLC0415
 
     names = set()
     for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name == "onnxruntime" or name.startswith("onnxruntime-") and name != "onnxruntime-genai" and not name.startswith("onnxruntime-extensions"):
-            names.add(name)
+        if any(str(f).replace("\\", "/").startswith("onnxruntime/") for f in (dist.files or ())):
+            names.add((dist.metadata["Name"] or "?").lower().replace("_", "-"))
     return sorted(names)

@@ -89,9 +89,13 @@ def test_both_onnxruntime_wheels_installed_are_found(monkeypatch):
 
     from sf_trt.backends.tensorrt.probes import onnxruntime_distributions
 
-    dists = [types.SimpleNamespace(metadata={"Name": n}) for n in ("onnxruntime", "onnxruntime_gpu", "onnxruntime-genai", "numpy")]
+    files = {"onnxruntime": ["onnxruntime/__init__.py"], "onnxruntime_gpu": ["onnxruntime/capi/_pybind_state.py"],
+             "onnxruntime-genai": ["onnxruntime_genai/__init__.py"], "numpy": ["numpy/__init__.py"]}
+    dists = [types.SimpleNamespace(metadata={"Name": n}, files=f) for n, f in files.items()]
     monkeypatch.setattr(metadata, "distributions", lambda: dists)
     assert onnxruntime_distributions() == ["onnxruntime", "onnxruntime-gpu"]
+    monkeypatch.undo()
+    assert onnxruntime_distributions() == ["onnxruntime"]  # this machine: the core's wheel alone
 
 
 @pytest.mark.parametrize("versions, problem", [
@@ -101,6 +105,8 @@ def test_both_onnxruntime_wheels_installed_are_found(monkeypatch):
     (dict(tensorrt_wheel="tensorrt-cu13", torch_cuda="13.0", driver="535.104.05", driver_cuda="12.2"),
      "TensorRT needs CUDA 13 but the driver (535.104.05) supports CUDA 12.2: update the driver"),
     (dict(tensorrt_wheel=None, torch_cuda=None), None),  # nothing known: nothing to say
+    (dict(tensorrt_wheel="tensorrt-cu12 + tensorrt-cu13", torch_cuda="12.8"),
+     "TensorRT wheels of several CUDA majors are installed (tensorrt-cu12 + tensorrt-cu13): keep the one of torch's CUDA"),
 ])
 def test_a_stack_whose_cuda_majors_disagree_is_named_in_one_line(versions, problem):
     from sf_trt.backends.tensorrt.probes import StackVersions, cuda_mismatch
