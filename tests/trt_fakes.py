@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -253,6 +254,16 @@ class FakeConfig:
     def set_memory_pool_limit(self, pool: str, size: int) -> None:
         self.pools[pool] = size
 
+    def create_timing_cache(self, data: bytes) -> bytes:
+        return bytes(data)
+
+    def set_timing_cache(self, cache: bytes, ignore_mismatch: bool) -> bool:
+        self.timing_cache = cache
+        return True
+
+    def get_timing_cache(self) -> types.SimpleNamespace:
+        return types.SimpleNamespace(serialize=lambda: b"fake timing cache")
+
     def add_optimization_profile(self, profile: Any) -> int:
         self.profiles.append(profile)
         return len(self.profiles) - 1
@@ -274,7 +285,23 @@ class FakeBuilder:
         return types.SimpleNamespace(shapes=shapes, set_shape=lambda name, lo, opt, hi: shapes.__setitem__(name, (lo, opt, hi)))
 
     def build_serialized_network(self, network: Any, config: FakeConfig) -> bytes:
-        return b"fake engine: " + ",".join(sorted(config.flags)).encode()
+        """Bytes standing for the engine; the engine they deserialize to has the parsed graph's
+        I/O at the profile's one shape (so a runner can be opened on it; it computes zeros)."""
+        blob = b"fake engine %d: " % len(self.trt.engines) + ",".join(sorted(config.flags)).encode()
+        path = getattr(network, "onnx_path", None)
+        if path is not None and config.profiles:
+            from sf_trt.backends.tensorrt.buffers import BufferPlan
+            from sf_trt.formats.shapes import onnx_io
+
+            io = list(onnx_io(path))
+            dims = {}
+            for t in io:
+                hi = config.profiles[0].shapes.get(t.name, (None, None, None))[2]
+                for k, d in enumerate(t.shape):
+                    if isinstance(d, str) and hi is not None:
+                        dims[d] = int(hi[k])
+            self.trt.engines[blob] = BufferPlan.from_io(Path(path).stem, io, dims)
+        return blob
 
 
 class FakeTrt(types.SimpleNamespace):
@@ -310,7 +337,11 @@ class FakeTrt(types.SimpleNamespace):
         return types.SimpleNamespace(deserialize_cuda_engine=lambda data: FakeEngine(self, self.engines[bytes(data)]))
 
     def OnnxParser(self, network: Any, logger: Any) -> types.SimpleNamespace:  # noqa: N802
-        return types.SimpleNamespace(parse_from_file=lambda path: True, num_errors=0)
+        def parse_from_file(path: str) -> bool:
+            network.onnx_path = path
+            return True
+
+        return types.SimpleNamespace(parse_from_file=parse_from_file, num_errors=0)
 
 
 NULLPTR = TypeError(

@@ -437,13 +437,12 @@ def close_to_reference(make_prims: Callable[[], Any], make_ref: Callable[[], Any
     rng = np.random.default_rng(5)
     seq = rng.integers(0, vocab, 12)
     passes = [([0] * 6, list(range(6)), list(seq[:6])), ([0, 2], [6, 0], [seq[6], seq[7]]), ([0, 2, 2], [7, 1, 2], [seq[8], seq[9], seq[10]])]
-    worst = 0.0
-    for p, ref in ((make_prims(), make_ref()),):
-        for lanes, positions, tokens in passes:
-            r = rows(lanes, positions, tokens, range(len(lanes)))
-            worst = max(worst, float(np.abs(p.logits_host(p.forward(r)) - ref.logits_host(ref.forward(r))).max()))
-        p.close()
-        ref.close()
+    worst, p, ref = 0.0, make_prims(), make_ref()
+    for lanes, positions, tokens in passes:
+        r = rows(lanes, positions, tokens, range(len(lanes)))
+        worst = max(worst, float(np.abs(p.logits_host(p.forward(r)) - ref.logits_host(ref.forward(r))).max()))
+    p.close()
+    ref.close()
     if not worst <= atol:
         raise AssertionError(f"logits differ from onnxruntime's by up to {worst:.3g}, expected at most {atol}")
     return f"logits within {worst:.3g} of onnxruntime's (at most {atol})", {"max_abs_diff": worst, "atol": atol}
@@ -670,7 +669,7 @@ def int_division_rows(judged: dict) -> list[tuple[str, str, str]]:
         f"{p['wrong']} of {p['pairs']} pairs wrong, e.g. {p['examples'][0]}" if p["wrong"] else f"{p['pairs']} pairs exact",
     )]
     rows_.append(("NOTE", "int64 Mod/Div below 2**24, other divisors (only the copy-model fake divides so)",
-                  f"{o['wrong']} of {o['pairs']} wrong, e.g. {o['examples'][0]}: a division through a float32 reciprocal" if o["wrong"] else f"all {o['pairs']} exact"))
+                  f"{o['wrong']} of {o['pairs']} wrong (a division through a float32 reciprocal gets exact multiples wrong), e.g. {o['examples'][0]}" if o["wrong"] else f"all {o['pairs']} exact"))
     rows_.append(("NOTE", "int64 Mod/Div up to 2**62 (NVIDIA/TensorRT#4702)",
                   f"{w['wrong']} of {w['pairs']} wrong, e.g. {w['examples'][0]}: sf_trt's graphs keep every integer below 2**24" if w["wrong"] else f"all {w['pairs']} exact"))
     return rows_
@@ -889,8 +888,8 @@ def main(argv=None) -> int:
 
     judged = table.run("a", "int64 Mod/Div engines built and run", lambda: ("built and run", int_division(trt, engines)))
     if judged is not None:
-        for status, check, detail in int_division_rows(judged):
-            add(status, "a", check, detail, judged)
+        for k, (status, check, detail) in enumerate(int_division_rows(judged)):
+            add(status, "a", check, detail, judged if k == 0 else None)
 
     def verify_check():
         from sf_trt.graphs.verify import build_verify_graph

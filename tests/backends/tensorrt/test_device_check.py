@@ -229,3 +229,34 @@ def test_close_to_reference_measures_and_refuses_past_its_bound():
     assert 0 < fp16[1]["max_abs_diff"] <= check.CLOSE_TO_ORT["fp16"]
     with pytest.raises(AssertionError, match=r"logits differ from onnxruntime's by up to .*, expected at most 1e-06"):
         check.close_to_reference(lambda: check.tiny_stand_in("fp16"), lambda: check.tiny_stand_in("fp32"), 256, 1e-6)
+
+
+def test_main_runs_every_check_on_stand_in_tensorrt_and_fails_an_engine_that_computes_nothing(tmp_path, monkeypatch, capsys):
+    """The whole command, wired as on a GPU, over stand-ins for tensorrt and torch whose engines
+    build, open, run, capture and replay but compute only zeros: every check runs and reports,
+    the JSON has the schema, and the run fails where zeros are wrong. (c)'s packing alone would
+    pass on zeros; its comparison with onnxruntime is what fails it."""
+    from trt_fakes import FakeTrt
+
+    from sf_trt.backends.tensorrt import probes
+
+    torch = FakeTorch()
+    monkeypatch.setitem(sys.modules, "tensorrt", FakeTrt("10.13.0.35", torch=torch))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(probes, "_driver_version", lambda: "570.86.15")
+    monkeypatch.setattr(probes, "_driver_cuda", lambda: "12.8")
+    monkeypatch.setattr(probes, "_tensorrt_wheel", lambda: "tensorrt-cu12")
+    out = tmp_path / "report.json"
+    assert check.main(["--skip-real", "--out", str(tmp_path / "engines"), "--json", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert check.check_report(report) == [] and not report["passed"] and not report["complete"]
+    status = {}
+    for row in report["rows"]:
+        status.setdefault(row["id"], []).append((row["check"], row["status"]))
+    assert [s for _, s in status["a"]] == ["PASS", "FAIL", "NOTE", "NOTE"]  # built and run; zeros are wrong quotients
+    assert status["b"] == [("verify engine: u == hash_u, tokens == reference", "FAIL")]
+    packing = {c: s for c, s in status["c"]}
+    assert all(packing[f"packing, tiny decoder {v}: alone == packed"] == "PASS" for v in check.TINY_VARIANTS)
+    assert all(packing[f"tiny decoder {v} vs onnxruntime"] == "FAIL" for v in check.TINY_VARIANTS)
+    assert status["e"] == [("CUDA-graph replay == eager, graphs captured", "PASS")]  # the stand-in captures and replays
+    assert report["not_passed"] == ["a", "b", "c", "g"] and report["environment"]["driver"] == "570.86.15"
