@@ -610,6 +610,7 @@ def trt_runner(trt, engine_dir: Path, name: str):
 
     from sf_trt.backends.tensorrt.buffers import BufferPlan, numpy_dtype
     from sf_trt.backends.tensorrt.device import TorchDevice
+    from sf_trt.backends.tensorrt.probes import start_tensorrt
     from sf_trt.backends.tensorrt.runners import TrtRunner
     from sf_trt.formats.manifest import read_manifest
 
@@ -617,7 +618,7 @@ def trt_runner(trt, engine_dir: Path, name: str):
     dev = TorchDevice(torch, 0)
     plan = BufferPlan.from_manifest(entry)
     with dev.current():
-        runner = TrtRunner(trt, trt.Runtime(trt.Logger(trt.Logger.WARNING)), name, (engine_dir / entry.engine_file).read_bytes(), plan, dev)
+        runner = TrtRunner(trt, start_tensorrt(trt, "Runtime", trt.Logger(trt.Logger.WARNING)), name, (engine_dir / entry.engine_file).read_bytes(), plan, dev)
 
     def run(feeds: dict) -> dict:
         dev_feeds = {b.name: dev.to_device(np.asarray(feeds[b.name]).astype(numpy_dtype(b.dtype))) for b in plan.inputs()}
@@ -707,12 +708,13 @@ def int_division(trt, engines: Engines) -> dict:
 
     from sf_trt.backends.tensorrt.buffers import BufferPlan
     from sf_trt.backends.tensorrt.device import TorchDevice
+    from sf_trt.backends.tensorrt.probes import start_tensorrt
     from sf_trt.backends.tensorrt.runners import TrtRunner
 
     dev = TorchDevice(torch, 0)
     plan = BufferPlan.from_io("int_division", onnx_io(model), settings.profiles[0].max_dims())
     with dev.current():
-        runner = TrtRunner(trt, trt.Runtime(trt.Logger(trt.Logger.WARNING)), "int_division", engine.read_bytes(), plan, dev)
+        runner = TrtRunner(trt, start_tensorrt(trt, "Runtime", trt.Logger(trt.Logger.WARNING)), "int_division", engine.read_bytes(), plan, dev)
     got = runner.run({"a": dev.to_device(pairs[:, 0]), "b": dev.to_device(pairs[:, 1])})
     mod, div = dev.to_host(got["mod"]), dev.to_host(got["div"])
     return judge_int_division(pairs, n_pow2, n_small, mod, div)

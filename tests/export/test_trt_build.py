@@ -76,6 +76,7 @@ def test_tensorrt_build_writes_an_engine_its_manifest_accepts(tmp_path):
     assert (tmp_path / "timing.cache").stat().st_size > 0
     assert BufferPlan.from_manifest(entry) == BufferPlan.from_onnx(graph, cfg, name="copy_model")
     assert entry.settings.builder_flags_cleared == ("TF32",) and entry.precision == "fp32"
+    assert entry.settings.builder_flags_set == ("DISTRIBUTIVE_INDEPENDENCE",)  # every supported TensorRT (10.12+) has it
 
 
 def test_a_decoder_with_a_fixed_cache_is_built_only_at_its_shape(tmp_path, tiny):

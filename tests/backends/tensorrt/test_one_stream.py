@@ -82,3 +82,24 @@ def test_the_stand_in_torch_does_see_an_op_off_the_stream():
     with dev.on_stream():
         buf[np.arange(2)]
     assert torch.streams_used() == {"default", dev.stream.name}
+
+
+def test_the_copy_models_runs_are_on_the_runtimes_stream_too():
+    """The TensorRT fake: its token-history writes and the logit rows of a pass split into runs."""
+    from sf_trt.graphs.copy_model import build_copy_graph
+
+    torch = FakeTorch()
+    graphs = {"copy_model": build_copy_graph(vocab=64, eos=63, max_lanes=4, max_context=32), "verify": build_verify_graph(64, 16)}
+    shapes = ShapeLimits(max_lanes=4, rows_per_lane=2, max_context=32)
+    plans = {name: BufferPlan.from_onnx(g, name=name, dims=derive_profiles(g, shapes).max_dims()) for name, g in graphs.items()}
+    trt = FakeTrt(engines={name.encode(): plan for name, plan in plans.items()}, torch=torch)
+    dev = TorchDevice(torch, 0)
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    runners = [TrtRunner(trt, runtime, name, name.encode(), plans[name], dev, cuda_graphs=True) for name in ("copy_model", "verify")]
+    prims = TensorRTPrimitives(*runners, dev, eos=63, top_k_limit=16, max_rows_per_pass=32)
+    torch.log.clear()
+    logits = prims.forward(_rows([2] * 11, range(11), range(11), range(11)))  # 11 logit rows: two runs of 8
+    prims.verify_sample(logits, _sample(11))
+    assert {"setitem", "getitem", "to_device", "replay"} <= {op for op, _ in torch.log}
+    assert torch.streams_used() == {dev.stream.name}
+    assert prims.graphs_captured() == {"copy_model": True, "verify": True}

@@ -358,6 +358,7 @@ def test_tensorrt_fake_matches_the_stand_in(tmp_path):
         for rows in (_rows([0, 0, 0], [0, 1, 2], [3, 4, 3], [0, 1, 2]), _rows([0, 1], [3, 0], [4, 9], [0, 1]), _rows([0, 1], [4, 1], [5, 2], [0, 1])):
             got, want = trt_p.forward(rows), cpu_p.forward(rows)
             np.testing.assert_array_equal(trt_p.logits_host(got), cpu_p.logits_host(want))
+        assert trt_p.graphs_captured()["copy_model"] == graphs  # a capture that fell back would say False
         trt_p.close()
 
 
