@@ -43,7 +43,7 @@ def _table(statuses: dict[str, list[str]]):
 ALL_PASS = {c: ["PASS"] for c in check.CHECKS} | {"a": ["PASS", "PASS", "NOTE", "NOTE"], "f": ["PASS"]}
 
 
-# -- arguments ------------------------------------------------------------------------------------
+# -- arguments (its --help, and its one line without TensorRT: tests/tools/test_trt_device_check.py) ----
 
 
 def test_arguments_and_what_each_run_must_pass(tmp_path):
@@ -65,14 +65,6 @@ def test_bad_arguments_exit_2_naming_them(capsys, argv, words):
     with pytest.raises(SystemExit) as exc:
         check.parse_args(argv)
     assert exc.value.code == 2 and words in capsys.readouterr().err
-
-
-def test_without_tensorrt_it_says_so_in_one_line_and_exits_2(capsys):
-    if importlib.util.find_spec("tensorrt") is not None:
-        pytest.skip("tensorrt is importable here")
-    assert check.main([]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("trt_device_check: TensorRT not available: ") and err.count("\n") == 1
 
 
 # -- the verdict and the JSON ------------------------------------------------------------------------
