@@ -68,6 +68,7 @@ import numpy as np
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from .drafting import Drafter
 from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
+from .penalties import LanePenalties, pack
 from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
@@ -163,6 +164,8 @@ class _Lane:
     error: Optional[str] = None
     """What failed for this lane in the current tick (see ``Emit.error``)."""
     logprobs: Optional[int] = None
+    penalties: Optional[LanePenalties] = None
+    """The lane's logit-adjustment books; None when its params adjust nothing."""
 
     @property
     def emitted_len(self) -> int:
@@ -425,7 +428,7 @@ class Executor:
             raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, f"{name}: strategy slot {op.strategy_slot} is not certified for {mode.name}")
         if not isinstance(op.params, SamplingParams):
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: params must be a SamplingParams (got {type(op.params).__name__})")
-        why = op.params.check_for(mode, top_k_limit=self.caps.top_k_limit)
+        why = op.params.check_for(mode, top_k_limit=self.caps.top_k_limit, vocab=self.caps.vocab)
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
         base = op.rng_counter_base
@@ -451,6 +454,7 @@ class Executor:
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
             params=op.params, rng_counter_base=int(op.rng_counter_base), grant=grant, drafter=drafter, tokens=tokens,
             logprobs=None if op.logprobs is None else int(op.logprobs),
+            penalties=LanePenalties(op.params, tokens, self.caps.eos) if op.params.adjusts_logits else None,
         )
 
     def _prefill(self, prefills: list[Prefill]) -> None:
@@ -534,9 +538,11 @@ class Executor:
         logits = self._call("decode forward", lanes, self.primitives.forward, rows)
         if logits is _FAULT:
             return
+        adjusting = [(lane.penalties.rows(d), off) for lane, d, off in zip(lanes, drafts, offsets.tolist()) if lane.penalties is not None]
         sample = SampleRows(
             mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_counter_base=ints[:, 3],
             position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
+            adjust=pack([(off, step) for step, off in adjusting]) if adjusting else None,
         )
         verified = self._call("verify_sample", lanes, self.primitives.verify_sample, logits, sample)
         if verified is _FAULT:
@@ -582,6 +588,8 @@ class Executor:
             self._fail([lane], f"verify_sample (lane {lane.lane_id}): the backend's logits for position {start + accepted + 1} {row_fault.describe()}")
         lane.tokens.extend(new)
         out.tokens.extend(new)
+        if lane.penalties is not None:
+            lane.penalties.extend(new)
         out.passes += 1
         if lane.drafter is not None:
             lane.drafter.extend(new)

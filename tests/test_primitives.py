@@ -20,7 +20,7 @@ def rows(lanes, positions, tokens, logit_rows=()):
     return Rows(a(lanes), a(positions), a(tokens), a(logit_rows))
 
 
-SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
+SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows) if f.name != "adjust"]  # adjust: a record, not a per-row array
 
 
 def sample_rows(**one_row) -> SampleRows:

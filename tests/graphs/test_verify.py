@@ -20,7 +20,7 @@ from sf_trt.primitives import SampleRows
 from rows import random_sample_feeds as random_feeds
 from rows import verify_session as session
 
-SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
+SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows) if f.name != "adjust"]  # adjust: a record, not a per-row array
 ROOT = Path(__file__).resolve().parents[2]
 
 
