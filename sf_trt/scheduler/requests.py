@@ -76,6 +76,14 @@ class Request:
     logprobs: Optional[int] = None
     draft_scope: Optional[str] = DEFAULT_SCOPE
 
+    def __post_init__(self) -> None:
+        # min_tokens holds the stop token ids back in the sampler: they join params' own, so
+        # the request keeps one record of what the lane samples with
+        held = set(self.params.stop_token_ids)
+        if self.params.min_tokens and not held.issuperset(self.stop_token_ids):
+            ids = tuple(sorted(held | set(self.stop_token_ids)))
+            object.__setattr__(self, "params", dataclasses.replace(self.params, stop_token_ids=ids))
+
 
 _MASK64 = 2**64 - 1
 

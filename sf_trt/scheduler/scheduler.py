@@ -89,7 +89,7 @@ class Scheduler:
                 f"{name}: no lane slot can take it: all {self.caps.max_lanes} are held ({len(held)} quarantined after a failed release: "
                 f"{'; '.join(held.values())})",
             )
-        why = request.params.check_for(request.sampling, top_k_limit=self.caps.top_k_limit)
+        why = request.params.check_for(request.sampling, top_k_limit=self.caps.top_k_limit, vocab=self.caps.vocab)
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
 

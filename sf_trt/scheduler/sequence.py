@@ -93,21 +93,28 @@ class Sequence:
         return TokenLogprobs.concat(self.logprobs_parts, self.request.logprobs)
 
     def _append(self, new: list[int]) -> int:
-        """Push ``new`` through the stop checks; how many of them the output keeps."""
+        """Push ``new`` through the stop checks; how many of them the output keeps.
+        Before ``params.min_tokens`` tokens no stop applies (vLLM's rule; the sampler holds
+        the stop token ids back until then, and stop strings are not matched)."""
+        min_tokens = self.request.params.min_tokens
         for i, tok in enumerate(new):
-            if tok in self._stop_ids:  # kept as a token, never as text (vLLM's rule)
+            stops = len(self.tokens) + i + 1 >= min_tokens
+            if stops and tok in self._stop_ids:  # kept as a token, never as text (vLLM's rule)
                 self.finish, self.stop_reason = Finish.STOP, tok
                 return i + 1
             if self._decoder is None:
                 continue
-            if self._push_text(self._decoder.push(tok)):
+            if self._push_text(self._decoder.push(tok), match=stops):
                 return i + 1
         return len(new)
 
-    def _push_text(self, piece: str) -> bool:
-        """Append decoded text; True (and the text cut, the finish set) if it completes a stop."""
+    def _push_text(self, piece: str, match: bool = True) -> bool:
+        """Append decoded text; True (and the text cut, the finish set) if it completes a stop
+        (never when ``match`` is False)."""
         before = len(self.text)
         self.text += piece
+        if not match:
+            return False
         hit = None  # (start, stop): the earliest match that ends in the new text
         for s in self.request.stop:
             at = self.text.find(s, max(0, before - len(s) + 1))
