@@ -78,3 +78,19 @@ def test_prompt_logprobs_are_refused_without_verify_rows_or_out_of_range():
     h = Harness.with_engine(Executor(FakePrimitives(CFG)))
     with pytest.raises(StatusError, match=r"admit\(lane=1\): prompt_logprobs must be None or an int in 0..20 \(got 21\)"):
         h.engine.tick(h.plan().admit(1, h.prompt([1, 2]), prompt_logprobs=21))
+
+
+def test_a_prompt_only_request_scores_its_prompt_and_generates_nothing():
+    from sf_trt.abi import Finish
+    from sf_trt.generate import Generator
+    from sf_trt.scheduler import Request
+
+    prompt = [3, 5, 7, 3, 5, 9, 11, 3, 5, 7, 2, 1, 0, 3]
+    h = Harness.with_engine(Executor(FakePrimitives(CFG)))
+    want = score(h, 1, prompt, 64)
+    gen = Generator(FakePrimitives(CFG), prefill_chunk=4)
+    plain, scored = gen.run([Request(prompt, prompt_logprobs=5, params=SamplingParams(max_tokens=3)), Request(prompt, prompt_logprobs=5, prompt_only=True)])
+    assert scored.tokens == [] and scored.finish == Finish.LENGTH
+    assert len(plain.tokens) == 3
+    same(scored.prompt_logprobs, want)
+    same(plain.prompt_logprobs, want)

@@ -61,7 +61,10 @@ class Request:
     keeps it private.
     ``stop`` (strings, matched on the decoded text; needs a tokenizer) and
     ``stop_token_ids`` end the output with ``Finish.STOP``; ``logprobs`` asks for each
-    token's logprob and that many alternatives (None: none).
+    token's logprob and that many alternatives (None: none); ``prompt_logprobs`` the
+    same for every prompt token after the first, from the prefill's rows.
+    ``prompt_only``: score the prompt and generate nothing (the API's ``max_tokens: 0``):
+    the lane is released once prefilled, finishing with ``Finish.LENGTH``.
     """
 
     prompt_ids: Seq[int]
@@ -75,6 +78,8 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: Optional[int] = None
     draft_scope: Optional[str] = DEFAULT_SCOPE
+    prompt_logprobs: Optional[int] = None
+    prompt_only: bool = False
 
     def __post_init__(self) -> None:
         # min_tokens holds the stop token ids back in the sampler: they join params' own, so

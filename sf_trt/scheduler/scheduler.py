@@ -89,6 +89,8 @@ class Scheduler:
                 f"{name}: no lane slot can take it: all {self.caps.max_lanes} are held ({len(held)} quarantined after a failed release: "
                 f"{'; '.join(held.values())})",
             )
+        if request.prompt_logprobs is not None and not self.caps.verify_rows:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: prompt_logprobs needs a backend with logit rows at every position (verify rows)")
         why = request.params.check_for(request.sampling, top_k_limit=self.caps.top_k_limit, vocab=self.caps.vocab)
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
@@ -160,7 +162,7 @@ class Scheduler:
             seq = self.waiting.popleft()
             r = seq.request
             plan.admit(seq.seq_id, seq.prompt_id, strategy_slot=self._slot(r), sampling=r.sampling, params=r.params,
-                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope)
+                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope, prompt_logprobs=r.prompt_logprobs)
             seq.admitted, seq.admitted_at = True, now
             self.running[seq.seq_id] = seq
         budget = self.prefill_budget
@@ -173,7 +175,9 @@ class Scheduler:
                 seq.prefilled_len += n
                 if budget is not None:
                     budget -= n
-            if seq.decoding:
+            if seq.decoding and seq.request.prompt_only:
+                plan.release(seq.seq_id)  # scored: the prefill's emit carries the prompt logprobs
+            elif seq.decoding:
                 decoding.append(seq)
         asks = self.policy.plan(decoding, self.tick_tokens)
         for seq in decoding:

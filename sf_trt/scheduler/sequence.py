@@ -67,6 +67,7 @@ class Sequence:
         """Decoding ticks since the lane last could draft (the drafting policy's probes read it)."""
         self.may_draft = False  # in the current tick
         self.logprobs_parts: list[TokenLogprobs] = []
+        self.prompt_logprobs_parts: list[TokenLogprobs] = []
         self._decoder = decoder
         self.text: Optional[str] = "" if decoder is not None else None
         self._text_sent = 0
@@ -91,6 +92,13 @@ class Sequence:
         if self.request.logprobs is None:
             return None
         return TokenLogprobs.concat(self.logprobs_parts, self.request.logprobs)
+
+    @property
+    def prompt_logprobs(self) -> Optional[TokenLogprobs]:
+        """The prompt tokens' logprobs after the first (those prefilled so far)."""
+        if self.request.prompt_logprobs is None:
+            return None
+        return TokenLogprobs.concat(self.prompt_logprobs_parts, self.request.prompt_logprobs)
 
     def _append(self, new: list[int]) -> int:
         """Push ``new`` through the stop checks; how many of them the output keeps.
@@ -157,8 +165,11 @@ class Sequence:
         keep = self._append(new)
         tokens = new[:keep]
         logprobs = emit.logprobs[:keep] if emit.logprobs is not None else None
+        if emit.prompt_logprobs is not None and len(emit.prompt_logprobs):
+            self.prompt_logprobs_parts.append(emit.prompt_logprobs)
         if self.finish == Finish.NONE and emit.finish != Finish.NONE:
-            self.finish = emit.finish
+            # a prompt-only request's lane is released once scored: it ran its length
+            self.finish = Finish.LENGTH if self.request.prompt_only and emit.finish == Finish.ABORTED else emit.finish
             self.error = getattr(emit, "error", None)
         self.tokens += tokens
         if logprobs is not None:
