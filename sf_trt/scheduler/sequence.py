@@ -68,6 +68,7 @@ class Sequence:
         self.may_draft = False  # in the current tick
         self.logprobs_parts: list[TokenLogprobs] = []
         self.prompt_logprobs_parts: list[TokenLogprobs] = []
+        self._prompt_logprobs_taken = False
         self._decoder = decoder
         self.text: Optional[str] = "" if decoder is not None else None
         self._text_sent = 0
@@ -99,6 +100,13 @@ class Sequence:
         if self.request.prompt_logprobs is None:
             return None
         return TokenLogprobs.concat(self.prompt_logprobs_parts, self.request.prompt_logprobs)
+
+    def take_prompt_logprobs(self) -> Optional[TokenLogprobs]:
+        """:attr:`prompt_logprobs` the first time it is asked for, None after (and without them)."""
+        if self.request.prompt_logprobs is None or self._prompt_logprobs_taken:
+            return None
+        self._prompt_logprobs_taken = True
+        return self.prompt_logprobs
 
     def _append(self, new: list[int]) -> int:
         """Push ``new`` through the stop checks; how many of them the output keeps.

@@ -39,6 +39,8 @@ class Choice:
     text: str = ""
     logprobs: list = dataclasses.field(default_factory=list)
     last: Optional[Output] = None
+    prompt_logprobs: Optional[Any] = None
+    """Its prompt's :class:`~sf_trt.engine.TokenLogprobs` (tokens 1..), when asked for."""
 
 
 @dataclasses.dataclass
@@ -59,8 +61,6 @@ class Job:
     def completion(state: ServerState, body: CompletionRequest) -> "Job":
         engine = state.ready_engine()
         _check_common(state, body)
-        if body.echo and body.logprobs is not None:
-            raise ApiError(400, "BadRequestError", "echo with logprobs is not supported (prompt logprobs)", "echo")
         prompts, texts = [], []
         for p in body.prompts():
             ids = _encode(state, p, "prompt") if isinstance(p, str) else list(p)
@@ -74,7 +74,10 @@ class Job:
                 raise ApiError(400, Status.TOKEN_OUT_OF_VOCAB.name, f"prompt: {exc}", "prompt") from None
         if not prompts:
             raise ApiError(400, "BadRequestError", "prompt: no prompt given", "prompt")
-        return Job._build(state, engine, "completion", "cmpl", body, prompts, texts, body.logprobs, body.max_tokens)
+        # echo with logprobs scores the prompt too (lm-eval's loglikelihood), from the prefill's rows
+        wanted = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
+        return Job._build(state, engine, "completion", "cmpl", body, prompts, texts, body.logprobs, body.max_tokens,
+                          max(wanted) if wanted else None)
 
     @staticmethod
     def chat(state: ServerState, body: ChatCompletionRequest) -> "Job":
@@ -82,6 +85,8 @@ class Job:
         _check_common(state, body)
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
+        if body.max_tokens == 0:
+            raise ApiError(400, "BadRequestError", "max_tokens: 0 generates nothing; to score a prompt use /v1/completions with echo and logprobs", "max_tokens")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:  # contents stay text: a message cannot forge a control token (a role turn)
             ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True)
@@ -89,10 +94,11 @@ class Job:
             raise ApiError(400, "BadRequestError", str(exc), "messages") from None
         k = (body.top_logprobs or 0) if body.logprobs else None
         # chat has no echo: its prompt text is never sent back
-        return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens)
+        return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens,
+                          body.prompt_logprobs)
 
     @staticmethod
-    def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens) -> "Job":
+    def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens, prompt_logprobs) -> "Job":
         opts = body.sf_trt
         speculate = (opts.speculate if opts and opts.speculate else None) or state.default_speculate
         max_draft = (opts.max_draft if opts and opts.max_draft else None) or state.default_max_draft
@@ -100,13 +106,22 @@ class Job:
         temperature = 1.0 if body.temperature is None else body.temperature
         mode = Sampling.GPU_GREEDY if temperature == 0 else Sampling.GPU_GUMBEL
         seed = body.seed if body.seed is not None else secrets.randbits(63)
+        prompt_only = max_tokens == 0
+        try:
+            bias = body.bias_pairs()
+        except ValueError as exc:
+            raise ApiError(400, Status.BAD_SAMPLING_PARAMS.name, str(exc), "logit_bias") from None
         choices = []
         for p, ids in enumerate(prompts):
-            mt = _max_tokens(state, ids, max_tokens, "max_completion_tokens" if kind == "chat" and body.max_completion_tokens else "max_tokens")
+            mt = 0 if prompt_only else _max_tokens(
+                state, ids, max_tokens, "max_completion_tokens" if kind == "chat" and body.max_completion_tokens else "max_tokens")
             try:
                 params = SamplingParams(
                     temperature=temperature if mode == Sampling.GPU_GUMBEL else 1.0, top_p=1.0 if body.top_p is None else body.top_p,
                     top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0, max_tokens=mt, flags=flags,
+                    presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+                    repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                    logit_bias=bias, min_tokens=body.min_tokens or 0,
                 )
             except StatusError as exc:
                 raise refusal(exc) from None
@@ -116,7 +131,7 @@ class Job:
                     ids, mode, params, seed=choice_key(seed, index), speculate=speculate != "none",
                     drafter=speculate if speculate != "none" else DEFAULT_DRAFTER, max_draft=max_draft,
                     stop=body.stops(), stop_token_ids=tuple(body.stop_token_ids or ()), logprobs=logprobs,
-                    draft_scope=draft_scope(body.user),
+                    draft_scope=draft_scope(body.user), prompt_logprobs=prompt_logprobs, prompt_only=prompt_only,
                 )))
         for c in choices:
             try:
@@ -224,4 +239,6 @@ def take_output(c: Choice, out: Output) -> None:
     c.text += out.text or ""
     if out.logprobs is not None and len(out.logprobs):
         c.logprobs.append(out.logprobs)
+    if out.prompt_logprobs is not None:
+        c.prompt_logprobs = out.prompt_logprobs
     c.last = out

@@ -55,6 +55,45 @@ def _completion_logprobs(tok: Any, tokens: list[int], lp: Optional[TokenLogprobs
     return {"tokens": strs, "token_logprobs": [float(x) for x in lp.logprob], "top_logprobs": top, "text_offset": offsets}
 
 
+def _echo_logprobs(tok: Any, ids: list[int], lp: Optional[TokenLogprobs], k: int) -> dict:
+    """The prompt's part of a completion's logprobs under ``echo``: the first token has
+    none (null), as in OpenAI's and vLLM's responses."""
+    strs = [_token_str(tok, t) for t in ids]
+    n = 0 if lp is None else len(lp)
+    offsets, at = [], 0
+    for x in strs:
+        offsets.append(at)
+        at += len(x)
+    values = [None] + [float(x) for x in lp.logprob[:n]] if lp is not None else [None] * len(ids)
+    top = [None] + [{_token_str(tok, int(i)): float(v) for i, v in zip(lp.top_ids[j, :k], lp.top_logprobs[j, :k])} for j in range(n)]
+    return {"tokens": strs, "token_logprobs": values[: len(ids)], "top_logprobs": top[: len(ids)], "text_offset": offsets}
+
+
+def _joined(first: dict, then: Optional[dict]) -> dict:
+    """Two completion logprobs objects one after the other."""
+    if then is None:
+        return first
+    return {key: first[key] + then[key] for key in first}
+
+
+def _vllm_prompt_logprobs(tok: Any, ids: list[int], lp: Optional[TokenLogprobs]) -> Optional[list]:
+    """vLLM's ``prompt_logprobs``: per prompt token (null for the first), token id ->
+    ``{logprob, rank, decoded_token}`` for the token itself and the top alternatives
+    (``rank`` 1 for the most likely; null for a token outside the alternatives)."""
+    if lp is None:
+        return None
+    out: list = [None]
+    for j in range(len(lp)):
+        entry = {}
+        for r, (i, v) in enumerate(zip(lp.top_ids[j].tolist(), lp.top_logprobs[j].tolist())):
+            entry[str(i)] = {"logprob": float(v), "rank": r + 1, "decoded_token": _token_str(tok, i)}
+        t = ids[j + 1]
+        if str(t) not in entry:
+            entry = {str(t): {"logprob": float(lp.logprob[j]), "rank": None, "decoded_token": _token_str(tok, t)}, **entry}
+        out.append(entry)
+    return out
+
+
 def _lp(c: Choice, k: Optional[int]) -> Optional[TokenLogprobs]:
     return None if k is None else TokenLogprobs.concat(c.logprobs, k)
 
@@ -72,6 +111,10 @@ def json_body(state: ServerState, job: Job) -> dict:
             echo = job.prompt_texts[c.prompt_index] if job.body.echo else ""
             item["text"] = echo + c.text
             item["logprobs"] = _completion_logprobs(tok, c.tokens, _lp(c, job.logprobs), len(echo))
+            if job.body.echo and job.logprobs is not None:
+                item["logprobs"] = _joined(_echo_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs, job.logprobs), item["logprobs"])
+        if job.body.prompt_logprobs is not None:
+            item["prompt_logprobs"] = _vllm_prompt_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs)
         item["finish_reason"] = finish_reason(out.finish, out.error)
         item["stop_reason"] = out.stop_reason
         if job.return_token_ids:
@@ -113,10 +156,18 @@ async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
             elif job.body.echo:
                 echo = job.prompt_texts[c.prompt_index]
                 offsets[c.index] = len(echo)
-                yield chunk({"index": c.index, "text": echo, "logprobs": None, "finish_reason": None})
+                if job.logprobs is None:  # else with the choice's first output, which brings the prompt's logprobs
+                    yield chunk({"index": c.index, "text": echo, "logprobs": None, "finish_reason": None})
         outputs = job_outputs(job)
         async for c, out in outputs:
             take_output(c, out)
+            if out.prompt_logprobs is not None and not chat and (job.body.echo and job.logprobs is not None or job.body.prompt_logprobs is not None):
+                ids = job.prompts[c.prompt_index]
+                first = {"index": c.index, "text": job.prompt_texts[c.prompt_index] if job.body.echo else "", "finish_reason": None,
+                         "logprobs": _echo_logprobs(tok, ids, out.prompt_logprobs, job.logprobs) if job.body.echo and job.logprobs is not None else None}
+                if job.body.prompt_logprobs is not None:
+                    first["prompt_logprobs"] = _vllm_prompt_logprobs(tok, ids, out.prompt_logprobs)
+                yield chunk(first)
             if out.error is not None:
                 abort_job(state, job)
                 yield f"event: error\n{_sse_data(choice_failure(c.index, out.error).body())}"
