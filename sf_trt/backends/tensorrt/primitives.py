@@ -227,6 +227,12 @@ class TensorRTPrimitives(PrimitivesBase):
             match[lo : lo + m] = dev.to_host(out[VERIFY_MATCH])[:m]
         return tokens, match
 
+    def _adjust_impl(self, logits: Any, adjust) -> Any:
+        """The adjust graph on onnxruntime over the host's copy of the rows (penalties, bias,
+        min_tokens: only lanes that ask pay), back on the device for the verify engine.
+        An adjust engine (the graph passes ``sf-trt build --check``) would keep them there."""
+        return self._dev.to_device(super()._adjust_impl(logits, adjust))
+
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # rollback is the length PrimitivesBase keeps: nothing past it is read
 
