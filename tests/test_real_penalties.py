@@ -18,16 +18,10 @@ from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
 from sf_trt.generate import Generator
 from sf_trt.primitives import Rows
 from sf_trt.scheduler import DraftPolicy, Request
+from test_real_speculation import CODE
 
 pytestmark = pytest.mark.slow
 
-CODE = '''def total(items):
-    result = 0
-    for item in items:
-        if item.price > 0:
-            result += item.price * item.count
-    return result
-'''
 PROMPTS = [
     f"Rename the variable result to subtotal and return the whole function.\n\n{CODE}",
     "Write one sentence about the sea.",
@@ -85,3 +79,21 @@ def test_loglikelihood_from_prompt_logprobs_equals_the_decode_paths_and_a_direct
     direct = lsm[np.arange(n), seq[1:]]
     assert abs(float(cont_lp.sum()) - float(direct[len(context) - 1 :].sum())) < 1e-4
     np.testing.assert_allclose(scored.prompt_logprobs.logprob, direct, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", [Sampling.GPU_GREEDY, Sampling.GPU_GUMBEL])
+def test_eight_lanes_with_different_adjustments_each_emit_what_they_emit_alone(real_model_dir, real_tokenizer, mode):
+    """Eight requests sharing passes, each with its own adjustments (and one with none), against each alone, plain."""
+    tok = real_tokenizer
+    texts = PROMPTS + ["Count from one to ten.", "Name a fruit.", f"Explain this code.\n\n{CODE}", "Say hello.", "Repeat: a b a b a b"]
+    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+    variants = [{}, *ADJUSTMENTS.values(), {"frequency_penalty": -0.5}, {"logit_bias": {tok.eos: -100.0}},
+                {"presence_penalty": -1.0, "min_tokens": 10}, {"repetition_penalty": 0.9}, {"presence_penalty": 2.0}]
+    reqs = [Request(i, mode, SamplingParams(temperature=0.9, max_tokens=24, **v), seed=21 + k) for k, (i, v) in enumerate(zip(ids, variants))]
+    with OrtDecoderPrimitives(real_model_dir, max_lanes=8, max_context=320, threads=2) as p:
+        gen = Generator(p, policy=DraftPolicy())
+        together = gen.run(reqs)
+        for r, t in zip(reqs, together):
+            (alone,) = gen.run([dataclasses.replace(r, speculate=False)])
+            assert (t.tokens, t.finish) == (alone.tokens, alone.finish)
+    assert sum(t.proposed for t in together) > 0
