@@ -25,7 +25,7 @@ import numpy as np
 
 from .abi import Sampling, Status, StatusError
 
-__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "RowFault", "PrimitivesBase"]
+__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "SAMPLE_ROW_FIELDS", "RowFault", "PrimitivesBase"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +165,8 @@ class RowFault(enum.IntEnum):
         }[self]
 
 
-_SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows) if f.name != "adjust")
+SAMPLE_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows) if f.name != "adjust")
+"""The per-row ``[K]`` arrays of :class:`SampleRows` (``adjust`` is a record of its own)."""
 _MODE_MIN, _MODE_MAX = min(Sampling), max(Sampling)
 
 
@@ -358,7 +359,7 @@ class PrimitivesBase:
         shape = tuple(getattr(logits, "shape", ()))
         if shape != (k, self.capabilities.vocab):
             raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: logits shape {shape}, expected ({k}, {self.capabilities.vocab})")
-        for name in _SAMPLE_FIELDS:
+        for name in SAMPLE_ROW_FIELDS:
             arr = getattr(sample, name)
             if arr.shape != (k,):
                 raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: {name} shape {arr.shape}, expected ({k},)")
