@@ -115,3 +115,44 @@ def test_bad_values_are_400s_naming_the_field(client, kwargs, param):
 def test_chat_refuses_max_tokens_0(client):
     with pytest.raises(openai.BadRequestError, match="max_tokens: 0 generates nothing"):
         client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "abc"}], max_tokens=0)
+
+
+@pytest.mark.slow
+def test_on_the_real_model_lm_eval_loglikelihoods_equal_a_direct_computation(real_model_dir):
+    """lm-eval's loglikelihood requests (token-id prompts, echo, logprobs, max_tokens 0) through the
+    openai client: the continuation's summed logprobs equal a log-softmax of the model's logits
+    over the whole sequence in one pass, and for the greedy continuation the decode path's own
+    logprobs bit for bit; the multiple-choice answer is the likelier continuation."""
+    import numpy as np
+
+    from servers import live_server
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.primitives import Rows
+    from sf_trt.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(real_model_dir)
+    context = tok.encode("Question: What is the capital of France?\nAnswer:")
+    prims = OrtDecoderPrimitives(real_model_dir, max_lanes=2, max_context=256)
+    with live_server(prims, tokenizer=tok, model_name="smollm2") as live:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=600, max_retries=0)
+        greedy = client.completions.create(model="smollm2", prompt=context, max_tokens=5, temperature=0, logprobs=0,
+                                           extra_body={"sf_trt": {"return_token_ids": True}}).choices[0]
+        conts = {"Paris": tok.encode(" Paris"), "London": tok.encode(" London"), "greedy": greedy.model_dump()["token_ids"]}
+        scores = {}
+        for name, cont in conts.items():
+            r = client.completions.create(model="smollm2", prompt=context + cont, max_tokens=0, echo=True, logprobs=0).choices[0]
+            scores[name] = r.logprobs.token_logprobs[len(context):]
+        assert scores["greedy"] == greedy.logprobs.token_logprobs  # the decode path's own values
+    prims2 = OrtDecoderPrimitives(real_model_dir, max_lanes=1, max_context=256)
+    for name, cont in conts.items():
+        seq = np.array(context + cont, np.int64)
+        n = len(seq) - 1
+        logits = prims2.logits_host(prims2.forward(Rows(np.zeros(n, np.int64), np.arange(n), seq[:n], np.arange(n)))).astype(np.float64)
+        prims2.release(0)
+        lsm = logits - logits.max(axis=1, keepdims=True)
+        lsm -= np.log(np.exp(lsm).sum(axis=1, keepdims=True))
+        direct = lsm[np.arange(n), seq[1:]][len(context) - 1 :]
+        assert abs(sum(scores[name]) - float(direct.sum())) < 1e-4, name
+    assert sum(scores["Paris"]) > sum(scores["London"])
+    prims.close()
+    prims2.close()
