@@ -127,12 +127,16 @@ class Job:
                 raise refusal(exc) from None
             for i in range(body.n):
                 index = p * body.n + i
-                choices.append(Choice(index, p, Request(
-                    ids, mode, params, seed=choice_key(seed, index), speculate=speculate != "none",
-                    drafter=speculate if speculate != "none" else DEFAULT_DRAFTER, max_draft=max_draft,
-                    stop=body.stops(), stop_token_ids=tuple(body.stop_token_ids or ()), logprobs=logprobs,
-                    draft_scope=draft_scope(body.user), prompt_logprobs=prompt_logprobs, prompt_only=prompt_only,
-                )))
+                try:  # min_tokens holds the stop ids back: the request checks them into its params
+                    request = Request(
+                        ids, mode, params, seed=choice_key(seed, index), speculate=speculate != "none",
+                        drafter=speculate if speculate != "none" else DEFAULT_DRAFTER, max_draft=max_draft,
+                        stop=body.stops(), stop_token_ids=tuple(body.stop_token_ids or ()), logprobs=logprobs,
+                        draft_scope=draft_scope(body.user), prompt_logprobs=prompt_logprobs, prompt_only=prompt_only,
+                    )
+                except StatusError as exc:
+                    raise refusal(exc) from None
+                choices.append(Choice(index, p, request))
         for c in choices:
             try:
                 engine.check(c.request)

@@ -101,6 +101,7 @@ def test_vllms_prompt_logprobs_on_both_routes(client):
     ({"logit_bias": {"5": 101}}, None),
     ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),
     ({"extra_body": {"min_tokens": 9}, "max_tokens": 4}, None),
+    ({"extra_body": {"stop_token_ids": [-1], "min_tokens": 2}}, None),
 ])
 def test_bad_values_are_400s_naming_the_field(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:
