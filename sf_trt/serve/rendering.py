@@ -76,7 +76,7 @@ def _joined(first: dict, then: Optional[dict]) -> dict:
     return {key: first[key] + then[key] for key in first}
 
 
-def _vllm_prompt_logprobs(tok: Any, ids: list[int], lp: Optional[TokenLogprobs]) -> Optional[list]:
+def _vllm_prompt_logprobs(tok: Any, ids: list[int], lp: Optional[TokenLogprobs], k: int) -> Optional[list]:
     """vLLM's ``prompt_logprobs``: per prompt token (null for the first), token id ->
     ``{logprob, rank, decoded_token}`` for the token itself and the top alternatives
     (``rank`` 1 for the most likely; null for a token outside the alternatives)."""
@@ -85,7 +85,7 @@ def _vllm_prompt_logprobs(tok: Any, ids: list[int], lp: Optional[TokenLogprobs])
     out: list = [None]
     for j in range(len(lp)):
         entry = {}
-        for r, (i, v) in enumerate(zip(lp.top_ids[j].tolist(), lp.top_logprobs[j].tolist())):
+        for r, (i, v) in enumerate(zip(lp.top_ids[j, :k].tolist(), lp.top_logprobs[j, :k].tolist())):
             entry[str(i)] = {"logprob": float(v), "rank": r + 1, "decoded_token": _token_str(tok, i)}
         t = ids[j + 1]
         if str(t) not in entry:
@@ -114,7 +114,7 @@ def json_body(state: ServerState, job: Job) -> dict:
             if job.body.echo and job.logprobs is not None:
                 item["logprobs"] = _joined(_echo_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs, job.logprobs), item["logprobs"])
         if job.body.prompt_logprobs is not None:
-            item["prompt_logprobs"] = _vllm_prompt_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs)
+            item["prompt_logprobs"] = _vllm_prompt_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs, job.body.prompt_logprobs)
         item["finish_reason"] = finish_reason(out.finish, out.error)
         item["stop_reason"] = out.stop_reason
         if job.return_token_ids:
@@ -166,7 +166,7 @@ async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
                 first = {"index": c.index, "text": job.prompt_texts[c.prompt_index] if job.body.echo else "", "finish_reason": None,
                          "logprobs": _echo_logprobs(tok, ids, out.prompt_logprobs, job.logprobs) if job.body.echo and job.logprobs is not None else None}
                 if job.body.prompt_logprobs is not None:
-                    first["prompt_logprobs"] = _vllm_prompt_logprobs(tok, ids, out.prompt_logprobs)
+                    first["prompt_logprobs"] = _vllm_prompt_logprobs(tok, ids, out.prompt_logprobs, job.body.prompt_logprobs)
                 yield chunk(first)
             if out.error is not None:
                 abort_job(state, job)

@@ -87,7 +87,9 @@ def test_vllms_prompt_logprobs_on_both_routes(client):
     assert plp[0] is None and len(plp) == len(PROMPT)
     for j, entry in enumerate(plp[1:], start=1):
         assert str(ord(PROMPT[j])) in entry and all(v["logprob"] <= 0 for v in entry.values())
-    scored = client.completions.create(model="fake", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1).choices[0]
+        assert 1 <= len(entry) <= 2 and sum(v["rank"] is not None for v in entry.values()) == 1  # the top one, and the token
+    scored = client.completions.create(model="fake", prompt=PROMPT, max_tokens=0, echo=True, logprobs=3).choices[0]
+    assert all(len(top) == 3 for top in scored.logprobs.top_logprobs[1:])
     assert [entry[str(ord(PROMPT[j]))]["logprob"] for j, entry in enumerate(plp[1:], start=1)] == scored.logprobs.token_logprobs[1:]
     c = client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "abc"}], max_tokens=2, extra_body={"prompt_logprobs": 0})
     assert c.model_dump()["choices"][0]["prompt_logprobs"][0] is None
