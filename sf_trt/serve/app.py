@@ -36,7 +36,8 @@ from .. import __version__
 from .errors import ApiError, choice_failure, validation_error
 from .jobs import Job, abort_job, collect_job, submit_job
 from .rendering import json_body, sse_body
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .tokens import detokenize, tokenize
 from .state import Loader, ServerState
 
 __all__ = ["ServerState", "create_app", "ApiError"]
@@ -135,6 +136,17 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: HttpRequest) -> Response:
         authorize(request)
         return await _serve(state, request, Job.chat(state, body))
+
+    # plain def: FastAPI runs them on its thread pool, so tokenizing never holds the event loop
+    @app.post("/tokenize")
+    def tokenize_route(body: TokenizeRequest, request: HttpRequest) -> dict:
+        authorize(request)
+        return tokenize(state, body)
+
+    @app.post("/detokenize")
+    def detokenize_route(body: DetokenizeRequest, request: HttpRequest) -> dict:
+        authorize(request)
+        return detokenize(state, body)
 
     return app
 

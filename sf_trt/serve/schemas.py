@@ -18,7 +18,7 @@ from ..scheduler import DRAFTERS
 
 __all__ = [
     "SfTrtOptions", "StreamOptions", "SamplingFields", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
-    "SPECULATE_CHOICES", "MAX_N",
+    "SPECULATE_CHOICES", "MAX_N", "TokenizeRequest", "DetokenizeRequest",
 ]
 
 SPECULATE_CHOICES = ("none", *DRAFTERS)
@@ -179,3 +179,20 @@ class ChatCompletionRequest(SamplingFields):
         if any(m.tool_calls for m in self.messages):
             out.append("messages[].tool_calls")
         return out
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's): a ``prompt`` or chat ``messages`` to token ids, as the
+    completion routes would encode them."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` (vLLM's): token ids to text."""
+
+    model: Optional[str] = None
+    tokens: list[int]

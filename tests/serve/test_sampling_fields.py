@@ -159,3 +159,19 @@ def test_on_the_real_model_lm_eval_loglikelihoods_equal_a_direct_computation(rea
     assert sum(scores["Paris"]) > sum(scores["London"])
     prims.close()
     prims2.close()
+
+
+def test_tokenize_and_detokenize_agree_with_the_completion_routes(fake_server):
+    import httpx
+
+    url = fake_server.url
+    t = httpx.post(f"{url}/tokenize", json={"prompt": PROMPT}, timeout=30).json()
+    assert t["tokens"] == [ord(c) for c in PROMPT] and t["count"] == len(PROMPT) and t["max_model_len"] == fake_server.state.max_context
+    assert httpx.post(f"{url}/detokenize", json={"tokens": t["tokens"]}, timeout=30).json() == {"prompt": PROMPT}
+    chat = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "user", "content": "abc"}]}, timeout=30).json()
+    assert chat["count"] == len(chat["tokens"]) > 3
+    for path, body, param in (("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "a"}]}, "prompt"),
+                              ("/tokenize", {}, "prompt"), ("/detokenize", {"tokens": [99999]}, "tokens"),
+                              ("/tokenize", {"prompt": "a", "model": "other"}, "model")):
+        r = httpx.post(f"{url}{path}", json=body, timeout=30)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
