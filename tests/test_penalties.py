@@ -212,3 +212,20 @@ def test_a_bias_outside_the_vocabulary_is_refused_at_admission_and_changes_nothi
         with pytest.raises(StatusError, match=rf"admit\(lane=2\): {what}: token ids \[\d+\] outside the vocabulary 0..{VOCAB - 1}"):
             h.engine.tick(h.plan().admit(2, p, params=params))
         assert h.engine.snapshot() == before
+
+
+def test_a_requests_stop_ids_are_held_back_until_min_tokens_and_stop_it_after():
+    from sf_trt.generate import Generator
+    from sf_trt.scheduler import Request
+
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    gen = Generator(fake(favour_logit=1.5)())
+    base = SamplingParams(max_tokens=30, flags=SamplingFlag.IGNORE_EOS)
+    early, held = gen.run([
+        Request(prompt, params=base, stop_token_ids=(1,), speculate=False),
+        Request(prompt, params=dataclasses.replace(base, min_tokens=12), stop_token_ids=(1,)),
+    ])
+    assert early.finish == Finish.STOP and len(early.tokens) < 12
+    assert 1 not in held.tokens[:12] and len(held.tokens) >= 12  # vLLM: no stop among the first min_tokens tokens
+    assert held.finish == Finish.STOP and held.tokens[-1] == 1 or held.finish == Finish.LENGTH
+    assert Request(prompt, params=dataclasses.replace(base, min_tokens=2), stop_token_ids=(1, 7)).params.stop_token_ids == (1, 7)
