@@ -26,8 +26,10 @@ Accept and roll back, one lane, draft of k = 4, the first 2 taken::
 
 The token at each position is drawn from the same logits row (rows are
 bit-identical however a pass is packed) with the same RNG key (the lane's
-``rng_counter_base`` and the position), so a step emits exactly what the same
-number of plain steps would have emitted.
+``rng_counter_base`` and the position) and the same logit adjustments (penalties,
+bias, ``min_tokens``: from the tokens before the position, draft tokens included;
+:mod:`sf_trt.penalties`), so a step emits exactly what the same number of plain
+steps would have emitted.
 
 Backend faults. A refused plan raises :class:`StatusError` before anything runs
 and changes nothing. Once a plan is accepted, ``tick`` does not raise for what
@@ -167,6 +169,7 @@ class _Lane:
     penalties: Optional[LanePenalties] = None
     """The lane's logit-adjustment books; None when its params adjust nothing."""
     prompt_logprobs: Optional[int] = None
+    """Alternatives per prompt token its prefill reports (None: no prompt logprobs)."""
 
     @property
     def emitted_len(self) -> int:
@@ -578,11 +581,12 @@ class Executor:
         logits = self._call("decode forward", lanes, self.primitives.forward, rows)
         if logits is _FAULT:
             return
-        adjusting = [(lane.penalties.rows(d), off) for lane, d, off in zip(lanes, drafts, offsets.tolist()) if lane.penalties is not None]
+        # penalties, bias, min_tokens: row i of a lane adjusted by its tokens plus draft[:i] (sf_trt.penalties)
+        adjusting = [(off, lane.penalties.rows(d)) for lane, d, off in zip(lanes, drafts, offsets.tolist()) if lane.penalties is not None]
         sample = SampleRows(
             mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_counter_base=ints[:, 3],
             position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
-            adjust=pack([(off, step) for step, off in adjusting]) if adjusting else None,
+            adjust=pack(adjusting) if adjusting else None,
         )
         verified = self._call("verify_sample", lanes, self.primitives.verify_sample, logits, sample)
         if verified is _FAULT:
