@@ -229,3 +229,21 @@ def test_a_requests_stop_ids_are_held_back_until_min_tokens_and_stop_it_after():
     assert 1 not in held.tokens[:12] and len(held.tokens) >= 12  # vLLM: no stop among the first min_tokens tokens
     assert held.finish == Finish.STOP and held.tokens[-1] == 1 or held.finish == Finish.LENGTH
     assert Request(prompt, params=dataclasses.replace(base, min_tokens=2), stop_token_ids=(1, 7)).params.stop_token_ids == (1, 7)
+
+
+def test_the_adjust_graph_checks_and_uses_only_the_ops_its_ops_md_section_lists():
+    import re
+    from pathlib import Path
+
+    import onnx
+
+    from sf_trt.export.trt_support import check_graph, errors_in
+    from sf_trt.graphs.adjust import build_adjust_graph
+
+    section = (Path(__file__).resolve().parents[1] / "export" / "OPS.md").read_text().split("\n## adjust", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([A-Za-z]+)` \|", section, flags=re.M))
+    for vocab in (24, 49152):
+        model = build_adjust_graph(vocab)
+        onnx.checker.check_model(model, full_check=True)
+        assert {n.op_type for n in model.graph.node} == listed
+        assert errors_in(check_graph(model)) == []
