@@ -247,3 +247,38 @@ def test_the_adjust_graph_checks_and_uses_only_the_ops_its_ops_md_section_lists(
         onnx.checker.check_model(model, full_check=True)
         assert {n.op_type for n in model.graph.node} == listed
         assert errors_in(check_graph(model)) == []
+
+
+@pytest.mark.parametrize("kind, finish", [("nan", Finish.ERROR), ("posinf", Finish.ERROR), ("neginf", Finish.ERROR), ("raise", Finish.ERROR)])
+def test_a_fault_in_a_penalized_lanes_pass_ends_it_alone_with_the_tokens_before(kind, finish):
+    """Row faults are read from the adjusted rows; a penalized lane's fault ends that lane
+    (its tokens so far emitted), and a lane beside it decodes on as it does alone."""
+    from sf_trt.faults import Fault, FaultyPrimitives
+
+    params = SamplingParams(temperature=0.8, presence_penalty=0.5, repetition_penalty=1.3, logit_bias={4: 2.0}, max_tokens=12)
+    prims = FaultyPrimitives(fake()(), [Fault("decode", 4, kind, rows=(0,))])
+    h = Harness.with_engine(Executor(prims))
+    p1, p2 = h.prompt([1, 2, 3, 1, 2]), h.prompt([5, 6, 7])
+    plan = h.plan().admit(1, p1, sampling=Sampling.GPU_GUMBEL, params=params, rng_counter_base=3).prefill(1, 0, 5)
+    plan.admit(2, p2, params=SamplingParams(frequency_penalty=0.4, max_tokens=12)).prefill(2, 0, 3)
+    tokens = {1: [], 2: []}
+    ends = {}
+    for _ in range(12):
+        live = [lane for lane in (1, 2) if lane not in ends]
+        if not live:
+            break
+        for lane in live:
+            plan.decode(lane, 1)
+        ev = h.tick_ok(plan)
+        for lane in live:
+            e = ev.emit_for(lane)
+            tokens[lane] += h.rings_tokens(e.token_ref)
+            if e.finish != Finish.NONE:
+                ends[lane] = e.finish
+        plan = h.plan()
+    assert ends[1] == finish and len(tokens[1]) == 3  # decode passes 1-3 drew its tokens, the 4th failed
+    if kind == "raise":
+        assert ends[2] == Finish.ERROR  # a raising pass ends every lane in it
+    else:
+        spec = LaneSpec(prompt=(5, 6, 7), params=SamplingParams(frequency_penalty=0.4, max_tokens=12), budgets=(12,))
+        assert (tokens[2], ends[2]) == (run_lanes(fake(), [spec])[0].tokens, Finish.LENGTH)
