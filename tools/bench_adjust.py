@@ -2,8 +2,10 @@
 vocabulary (49152) without adjustments and with presence, frequency and repetition penalties
 and a bias over a 300-token prompt and 100 output tokens, interleaved, medians and minimums,
 plus the step's books and packing (``LanePenalties.rows`` and ``pack``). The load is printed
-(``uptime``). Run: ``python tools/bench_adjust.py``."""
-import os, time, statistics
+(``uptime``). Run: ``python tools/bench_adjust.py``; ``--e2e`` instead times decode passes
+of the real model (float32, one lane, 300-token prompt, 48 tokens, 4 per tick) with and
+without the same adjustments, interleaved, seconds after the first tick per pass."""
+import os, sys, time, statistics
 import numpy as np
 from sf_trt.abi import SamplingParams
 from sf_trt.fake import FakeConfig, FakePrimitives
@@ -11,6 +13,35 @@ from sf_trt.penalties import LanePenalties, pack
 from sf_trt.primitives import SampleRows
 
 V = 49152
+
+
+def e2e() -> None:
+    from sf_trt.abi import Sampling, SamplingFlag
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.export.pipeline import default_model_dir
+    from sf_trt.generate import Generator
+    from sf_trt.scheduler import Request
+
+    os.system("uptime")
+    off = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=48, flags=SamplingFlag.IGNORE_EOS)
+    on = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=48, flags=SamplingFlag.IGNORE_EOS, presence_penalty=0.5,
+                        frequency_penalty=0.5, repetition_penalty=1.2, logit_bias={5: 1.0})
+    prompt = list(range(1000, 1300))
+    with OrtDecoderPrimitives(default_model_dir(progress=False, weight_dtype="float32"), max_lanes=1, max_context=512, threads=2) as p:
+        gen = Generator(p, tick_tokens=4)
+        t = {"off": [], "on": []}
+        for rep in range(7):
+            for name, params in (("off", off), ("on", on)):
+                (r,) = gen.run([Request(prompt, Sampling.GPU_GUMBEL, params, seed=rep, speculate=False)])
+                t[name].append((r.seconds - r.first_token_s) / (r.passes - 4))
+        for name, v in t.items():
+            print(f"{name}: median {statistics.median(v[1:]) * 1e3:.2f} ms/pass, min {min(v[1:]) * 1e3:.2f}")
+    os.system("uptime")
+
+
+if "--e2e" in sys.argv:
+    e2e()
+    sys.exit()
 os.system("uptime")
 p = FakePrimitives(FakeConfig(vocab=V, eos=2, verify_rows=True, max_lanes=8, top_k_limit=1024))
 rng = np.random.default_rng(0)
