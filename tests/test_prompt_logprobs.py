@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sf_trt.abi import Sampling, SamplingParams, Status, StatusError
 from sf_trt.engine import TokenLogprobs
@@ -94,3 +96,13 @@ def test_a_prompt_only_request_scores_its_prompt_and_generates_nothing():
     assert len(plain.tokens) == 3
     same(scored.prompt_logprobs, want)
     same(plain.prompt_logprobs, want)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=40), chunk=st.integers(1, 12),
+       others=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20), max_size=2), k=st.integers(0, 20),
+       prefill_rows=st.integers(1, 16))
+def test_prompt_logprobs_are_exact_under_any_chunking_packing_and_pass_size(prompt, chunk, others, k, prefill_rows):
+    whole = score(Harness.with_engine(Executor(FakePrimitives(CFG))), 1, prompt, 64, k)
+    h = Harness.with_engine(Executor(FakePrimitives(CFG), ExecutorConfig(max_prefill_rows=prefill_rows)))
+    same(score(h, 1, prompt, chunk, k, others=[(2 + i, o) for i, o in enumerate(others)]), whole)
