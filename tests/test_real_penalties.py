@@ -16,8 +16,8 @@ import pytest
 from sf_trt.abi import Finish, Sampling, SamplingParams
 from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
 from sf_trt.generate import Generator
-from sf_trt.primitives import Rows
 from sf_trt.scheduler import DraftPolicy, Request
+from rows import direct_logprobs
 from test_real_speculation import CODE
 
 pytestmark = pytest.mark.slow
@@ -69,14 +69,7 @@ def test_loglikelihood_from_prompt_logprobs_equals_the_decode_paths_and_a_direct
     assert scored.tokens == [] and len(scored.prompt_logprobs) == len(context) + len(continuation) - 1
     cont_lp = scored.prompt_logprobs.logprob[len(context) - 1 :]
     np.testing.assert_array_equal(cont_lp, decoded.logprobs.logprob)  # the same rows, bit for bit
-    # direct: one pass over the whole sequence, log-softmax in float64
-    seq = np.array(context + continuation, np.int64)
-    n = len(seq) - 1
-    logits = prims.logits_host(prims.forward(Rows(np.zeros(n, np.int64), np.arange(n), seq[:n], np.arange(n)))).astype(np.float64)
-    prims.release(0)
-    lsm = logits - logits.max(axis=1, keepdims=True)
-    lsm -= np.log(np.exp(lsm).sum(axis=1, keepdims=True))
-    direct = lsm[np.arange(n), seq[1:]]
+    direct = direct_logprobs(prims, context + continuation)  # one pass over the whole sequence, log-softmax in float64
     assert abs(float(cont_lp.sum()) - float(direct[len(context) - 1 :].sum())) < 1e-4
     np.testing.assert_allclose(scored.prompt_logprobs.logprob, direct, atol=1e-4)
 

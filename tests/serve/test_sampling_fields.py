@@ -126,11 +126,9 @@ def test_on_the_real_model_lm_eval_loglikelihoods_equal_a_direct_computation(rea
     openai client: the continuation's summed logprobs equal a log-softmax of the model's logits
     over the whole sequence in one pass, and for the greedy continuation the decode path's own
     logprobs bit for bit; the multiple-choice answer is the likelier continuation."""
-    import numpy as np
-
+    from rows import direct_logprobs
     from servers import live_server
     from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
-    from sf_trt.primitives import Rows
     from sf_trt.tokenizer import Tokenizer
 
     tok = Tokenizer.load(real_model_dir)
@@ -148,13 +146,7 @@ def test_on_the_real_model_lm_eval_loglikelihoods_equal_a_direct_computation(rea
         assert scores["greedy"] == greedy.logprobs.token_logprobs  # the decode path's own values
     prims2 = OrtDecoderPrimitives(real_model_dir, max_lanes=1, max_context=256)
     for name, cont in conts.items():
-        seq = np.array(context + cont, np.int64)
-        n = len(seq) - 1
-        logits = prims2.logits_host(prims2.forward(Rows(np.zeros(n, np.int64), np.arange(n), seq[:n], np.arange(n)))).astype(np.float64)
-        prims2.release(0)
-        lsm = logits - logits.max(axis=1, keepdims=True)
-        lsm -= np.log(np.exp(lsm).sum(axis=1, keepdims=True))
-        direct = lsm[np.arange(n), seq[1:]][len(context) - 1 :]
+        direct = direct_logprobs(prims2, context + cont)[len(context) - 1 :]
         assert abs(sum(scores[name]) - float(direct.sum())) < 1e-4, name
     assert sum(scores["Paris"]) > sum(scores["London"])
     prims.close()
