@@ -78,6 +78,14 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[
     g.add_argument("--seed", type=ranged(int, 0, 2**63 - 1, what="a seed in 0..2**63-1"), default=0,
                    help="the RNG counter base (the same seed draws the same tokens)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--presence-penalty", type=ranged(float, -2.0, 2.0, what="a penalty in [-2, 2]"), default=0.0,
+                   help="subtracted once from the logit of every token the output holds (vLLM's; 0: off)")
+    g.add_argument("--frequency-penalty", type=ranged(float, -2.0, 2.0, what="a penalty in [-2, 2]"), default=0.0,
+                   help="times a token's count in the output, subtracted from its logit (vLLM's; 0: off)")
+    g.add_argument("--repetition-penalty", type=ranged(float, 2.0**-16, 2.0**16, what="a penalty in [2**-16, 2**16]"), default=1.0,
+                   help="divides the positive, multiplies the negative logits of prompt and output tokens (vLLM's; 1: off)")
+    g.add_argument("--min-tokens", type=ranged(int, 0, what="min tokens >= 0"), default=0,
+                   help="hold the end-of-sequence token back until this many tokens (vLLM's)")
     g.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=draft_default,
                    help=f"most draft tokens per verify pass (default {draft_default})")
     g.add_argument("--draft-policy", choices=DRAFT_POLICIES, default="load-aware",
@@ -102,5 +110,7 @@ def sampling(args: argparse.Namespace) -> tuple[Sampling, SamplingParams]:
     params = SamplingParams(
         temperature=1.0 if greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
         max_tokens=args.max_tokens or args.max_tokens_default or 0, flags=flags,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens,
     )
     return (Sampling.GPU_GREEDY if greedy else Sampling.GPU_GUMBEL), params

@@ -46,6 +46,11 @@ class Admit:
     """Whose earlier requests the lane may draft from, and whose corpus its text
     joins when released (a tenant: API key and user); ``None``: its own text only,
     nothing kept. Read by drafters that keep a corpus (suffix); never by the model."""
+    prompt_logprobs: Optional[int] = None
+    """Report the logprob of each prompt token after the first, from the prefill's own
+    rows, and its ``prompt_logprobs`` most likely alternatives (0..:data:`TOP_LOGPROBS_MAX`;
+    needs a backend with verify rows); None: none. Each emit carries the prompt tokens
+    its tick prefilled (:attr:`Emit.prompt_logprobs`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +96,9 @@ class Plan:
         rng_counter_base: int = 0,
         logprobs: Optional[int] = None,
         draft_scope: Optional[str] = DEFAULT_SCOPE,
+        prompt_logprobs: Optional[int] = None,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope))
+        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope, prompt_logprobs))
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":
@@ -219,6 +225,9 @@ class Emit:
     keeps the finish it had; see :class:`~sf_trt.executor.Executor`)."""
     logprobs: Optional[TokenLogprobs] = None
     """For a lane admitted with ``logprobs``: one entry per token behind ``token_ref``."""
+    prompt_logprobs: Optional[TokenLogprobs] = None
+    """For a lane admitted with ``prompt_logprobs``: one entry per prompt token this tick's
+    prefill scored, in order (prompt tokens 1, 2, ... over the ticks; token 0 has none)."""
 
 
 class Events:

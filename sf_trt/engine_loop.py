@@ -94,6 +94,9 @@ class Output:
     arrival: float
     first_token_at: Optional[float]
     finished_at: Optional[float]
+    prompt_logprobs: Optional[TokenLogprobs] = None
+    """For a request with ``prompt_logprobs``: every prompt token's after the first, on
+    the request's first output (the prompt is prefilled by then) and on no other."""
 
     @property
     def finished(self) -> bool:
@@ -102,9 +105,11 @@ class Output:
     @staticmethod
     def of(update: Update) -> "Output":
         s = update.seq
+        prompt_lp = s.take_prompt_logprobs()
         return Output(
             list(update.tokens), update.text, update.logprobs, s.finish if update.finished else Finish.NONE, s.stop_reason,
             s.error, s.prompt_len, len(s.tokens), s.proposed, s.accepted, s.drafts, s.arrival, s.first_token_at, s.finished_at,
+            prompt_lp,
         )
 
 

@@ -55,6 +55,8 @@ class Result:
     first_token_s: Optional[float] = None
     """Seconds from admission to the end of the tick that emitted the first token (the
     prefill and that tick: a tick's tokens arrive together); None when no token came."""
+    prompt_logprobs: Optional[TokenLogprobs] = None
+    """For a request with ``prompt_logprobs``: every prompt token's after the first."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -117,7 +119,7 @@ class Generator:
             Result(
                 s.tokens, s.finish, s.prompt_len, (s.finished_at or 0.0) - (s.admitted_at or 0.0), s.proposed, s.accepted,
                 s.passes, s.drafts, s.text, s.stop_reason, s.logprobs, s.error,
-                None if s.first_token_at is None else s.first_token_at - (s.admitted_at or 0.0),
+                None if s.first_token_at is None else s.first_token_at - (s.admitted_at or 0.0), s.prompt_logprobs,
             )
             for s in seqs
         ]

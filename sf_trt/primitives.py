@@ -25,7 +25,7 @@ import numpy as np
 
 from .abi import Sampling, Status, StatusError
 
-__all__ = ["Capabilities", "Rows", "SampleRows", "RowFault", "PrimitivesBase"]
+__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "SAMPLE_ROW_FIELDS", "RowFault", "PrimitivesBase"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +79,33 @@ class Rows:
 
 
 @dataclasses.dataclass(frozen=True)
+class LogitAdjust:
+    """The entries of some logits rows to adjust before drawing from them: penalties,
+    logit bias and ``min_tokens`` (:mod:`sf_trt.graphs.adjust` has the formula).
+
+    ``rows`` int64 ``[A]``: which of the ``K`` logit rows (distinct, ascending); ``ids``
+    int64 ``[A, E]``: each entry's token; ``bias``, ``scale``, ``frequency``,
+    ``presence`` float32 ``[A, E]``: the graph's inputs of those names. Every entry
+    not holding an adjustment is ``(0, 1, 0, 0)``, which leaves its logit as it is.
+    """
+
+    rows: np.ndarray
+    ids: np.ndarray
+    bias: np.ndarray
+    scale: np.ndarray
+    frequency: np.ndarray
+    presence: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.shape[0])
+
+    def values(self) -> tuple[np.ndarray, ...]:
+        """``(bias, scale, frequency, presence)``: the graph's float inputs, in its order."""
+        return self.bias, self.scale, self.frequency, self.presence
+
+
+@dataclasses.dataclass(frozen=True)
 class SampleRows:
     """Per-logit-row sampling inputs to verify-and-sample, each ``[K]``.
 
@@ -86,7 +113,8 @@ class SampleRows:
     float32; ``top_k`` int64 (0: off); ``rng_counter_base``: the lane's
     (``Plan.admit``'s); ``position``: absolute position of the token being
     drawn; ``draft``: the draft token proposed at that position, or -1;
-    ``min_p`` float32 in [0, 1] (None: 0 on every row, min-p off).
+    ``min_p`` float32 in [0, 1] (None: 0 on every row, min-p off); ``adjust``:
+    the rows' logit adjustments (None: none), applied before the draw.
     """
 
     mode: np.ndarray
@@ -97,6 +125,7 @@ class SampleRows:
     position: np.ndarray
     draft: np.ndarray
     min_p: Optional[np.ndarray] = None
+    adjust: Optional[LogitAdjust] = None
 
     def __post_init__(self) -> None:
         if self.min_p is None:
@@ -136,7 +165,8 @@ class RowFault(enum.IntEnum):
         }[self]
 
 
-_SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows))
+SAMPLE_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows) if f.name != "adjust")
+"""The per-row ``[K]`` arrays of :class:`SampleRows` (``adjust`` is a record of its own)."""
 _MODE_MIN, _MODE_MAX = min(Sampling), max(Sampling)
 
 
@@ -176,8 +206,14 @@ class PrimitivesBase:
         whose logits cannot be sampled from (NaN, +inf, all -inf, or overflowing
         at its temperature) gets a :class:`RowFault` code instead of a token and
         ``match`` False; the other rows are drawn as usual.
+
+        ``sample.adjust`` rows are adjusted first (:meth:`_adjust_impl`), and drawn, and
+        checked for faults, from the adjusted logits; ``logits`` itself is left as it
+        is (logprobs report the model's raw distribution).
         """
         self._check_sample(logits, sample)
+        if sample.adjust is not None and sample.adjust.num_rows:
+            logits = self._adjust_impl(logits, sample.adjust)
         tokens, match = self._verify_sample_impl(logits, sample)
         fault = self._row_faults(logits, sample)
         if fault.any():
@@ -231,6 +267,19 @@ class PrimitivesBase:
         row holds a NaN). A backend whose logits live on a device may override this
         with a reduction there, to copy ``K`` floats instead of ``K * vocab``."""
         return self.logits_host(logits).max(axis=1)
+
+    def _adjust_impl(self, logits: Any, adjust: LogitAdjust) -> Any:
+        """The logits with ``adjust``'s rows adjusted, as a new array (``logits`` unchanged).
+        This one runs the adjust graph on onnxruntime over the host's copy of the rows; a
+        backend whose logits live on a device may run it there."""
+        if getattr(self, "_adjuster", None) is None:
+            from .backends.ort_adjust import OrtLogitAdjust  # onnx and a session only once a lane adjusts
+
+            self._adjuster = OrtLogitAdjust(self.capabilities.vocab)
+        host = self.logits_host(logits)
+        out = np.array(host, np.float32)  # a plain copy: no pass-form greedy tokens ride along
+        out[adjust.rows] = self._adjuster.run(host[adjust.rows], adjust)
+        return out
 
     def _forward_impl(self, rows: Rows) -> Any:
         raise NotImplementedError
@@ -310,7 +359,7 @@ class PrimitivesBase:
         shape = tuple(getattr(logits, "shape", ()))
         if shape != (k, self.capabilities.vocab):
             raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: logits shape {shape}, expected ({k}, {self.capabilities.vocab})")
-        for name in _SAMPLE_FIELDS:
+        for name in SAMPLE_ROW_FIELDS:
             arr = getattr(sample, name)
             if arr.shape != (k,):
                 raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: {name} shape {arr.shape}, expected ({k},)")
@@ -320,3 +369,26 @@ class PrimitivesBase:
             raise StatusError(Status.BAD_SAMPLING_MODE, f"verify_sample: unknown sampling mode in {sorted(set(sample.mode.tolist()))}")
         if k and not (np.all(sample.min_p >= 0) and np.all(sample.min_p <= 1)):  # NaN fails both
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"verify_sample: min_p must be in [0, 1] (got {sorted(set(np.asarray(sample.min_p).tolist()))[:4]})")
+        if sample.adjust is not None:
+            self._check_adjust(sample.adjust, k)
+
+    def _check_adjust(self, adjust: LogitAdjust, k: int) -> None:
+        def bad(status: Status, what: str) -> StatusError:
+            return StatusError(status, f"verify_sample: adjust {what}")
+
+        rows = _int_rows("rows", adjust.rows, "verify_sample: adjust")
+        a = rows.shape[0]
+        if a and (rows.min() < 0 or rows.max() >= k or np.any(np.diff(rows) <= 0)):
+            raise bad(Status.BAD_ARGUMENT, f"rows must be distinct and ascending in 0..{k - 1} (got {rows.tolist()[:8]})")
+        shape = np.shape(adjust.ids)
+        if len(shape) != 2 or shape[0] != a or np.asarray(adjust.ids).dtype.kind not in "iu":
+            raise bad(Status.BAD_ARGUMENT, f"ids must be an integer array [{a}, E] (got dtype {np.asarray(adjust.ids).dtype}, shape {shape})")
+        for name, value in zip(("bias", "scale", "frequency", "presence"), adjust.values()):
+            if np.shape(value) != shape:
+                raise bad(Status.BAD_ARGUMENT, f"{name} shape {np.shape(value)}, expected {shape}")
+        if a and shape[1] and (adjust.ids.min() < 0 or adjust.ids.max() >= self.capabilities.vocab):
+            raise bad(Status.TOKEN_OUT_OF_VOCAB, f"ids outside 0..{self.capabilities.vocab - 1}")
+        with np.errstate(invalid="ignore"):
+            if not (np.all(adjust.scale > 0) and np.all(np.isfinite(adjust.scale)) and np.all(np.isfinite(adjust.frequency))
+                    and np.all(np.isfinite(adjust.presence)) and np.all(adjust.bias < np.inf)):  # NaN fails each
+                raise bad(Status.BAD_SAMPLING_PARAMS, "values: need scale > 0 and finite, frequency and presence finite, bias < +inf, no NaN")

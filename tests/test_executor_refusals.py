@@ -62,6 +62,12 @@ CASES = {
         lambda h, p, s: h.plan().admit(1, p, sampling=Sampling.GPU_GUMBEL, params=SamplingParams(top_k=17)),
         Status.BAD_SAMPLING_PARAMS, "admit(lane=1)",
     ),
+    "logit_bias past the vocabulary": (
+        lambda h, p, s: h.plan().admit(1, p, params=SamplingParams(logit_bias={64: 1.0})), Status.BAD_SAMPLING_PARAMS, "admit(lane=1): logit_bias",
+    ),
+    "prompt_logprobs out of range": (
+        lambda h, p, s: h.plan().admit(1, p, prompt_logprobs=21), Status.BAD_ARGUMENT, "admit(lane=1): prompt_logprobs",
+    ),
     "negative rng counter base": (lambda h, p, s: h.plan().admit(1, p, rng_counter_base=-1), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),
     "params of the wrong type": (lambda h, p, s: h.plan().admit(1, p, params={"temperature": 1}), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),
     "unknown sampling mode": (lambda h, p, s: h.plan().admit(1, p, sampling=5), Status.BAD_SAMPLING_MODE, "admit(lane=1)"),

@@ -4,8 +4,7 @@ Every model forbids fields it does not declare (``extra="forbid"``): a misspelt 
 unsupported field is a 400 naming it, never silently ignored. Fields the OpenAI API
 defines but sf_trt cannot honour yet are declared so that the 400 can say so
 (:meth:`SamplingFields.unsupported`): they are accepted only at their no-op values
-(a penalty of 0, ``repetition_penalty`` 1, an empty ``logit_bias``, ``response_format``
-``{"type": "text"}``, no tools).
+(``response_format`` ``{"type": "text"}``, no tools).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from ..scheduler import DRAFTERS
 
 __all__ = [
     "SfTrtOptions", "StreamOptions", "SamplingFields", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
-    "SPECULATE_CHOICES", "MAX_N",
+    "SPECULATE_CHOICES", "MAX_N", "TokenizeRequest", "DetokenizeRequest",
 ]
 
 SPECULATE_CHOICES = ("none", *DRAFTERS)
@@ -61,7 +60,8 @@ class SamplingFields(_Strict):
     """Fields both routes share."""
 
     model: Optional[str] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=0)
+    """0: generate nothing (with ``echo`` and ``logprobs``: score the prompt); completions only."""
     temperature: Optional[float] = Field(None, ge=0.0, allow_inf_nan=False)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: Optional[int] = Field(None, ge=-1)
@@ -74,23 +74,30 @@ class SamplingFields(_Strict):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
     sf_trt: Optional[SfTrtOptions] = None
-    # Defined by OpenAI, not honoured yet: accepted at their no-op values only.
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
+    # Logit adjustments (vLLM's semantics, exact under speculation: sf_trt.abi.SamplingParams)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, allow_inf_nan=False)
+    """vLLM's: > 1 discourages the tokens of the prompt and the output, 1 is off."""
     logit_bias: Optional[dict[str, float]] = None
+    """Token id (a string, as JSON keys are) -> bias in [-100, 100], added to its logit."""
+    min_tokens: Optional[int] = Field(None, ge=0)
+    """vLLM's: no EOS, stop token or stop string ends the output before this many tokens."""
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    """vLLM's: each prompt token's logprob (the first's is null) and this many alternatives."""
 
     def unsupported(self) -> list[str]:
         """The fields set to something sf_trt cannot honour yet, by name."""
-        out = []
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0):
-                out.append(name)
-        if self.repetition_penalty not in (None, 1):
-            out.append("repetition_penalty")
-        if self.logit_bias:
-            out.append("logit_bias")
-        return out
+        return []
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as ``(token id, bias)`` pairs; a ValueError naming a key that is no token id."""
+        pairs = []
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or len(key) > 10:
+                raise ValueError(f"logit_bias: key {key[:20]!r} is not a token id (a non-negative integer as a string)")
+            pairs.append((int(key), value))
+        return tuple(pairs)
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -172,3 +179,20 @@ class ChatCompletionRequest(SamplingFields):
         if any(m.tool_calls for m in self.messages):
             out.append("messages[].tool_calls")
         return out
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's): a ``prompt`` or chat ``messages`` to token ids, as the
+    completion routes would encode them."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` (vLLM's): token ids to text."""
+
+    model: Optional[str] = None
+    tokens: list[int]

@@ -34,6 +34,12 @@ def mixed_requests(n: int, prompts: list, max_tokens: int) -> list[dict]:
         }
         if i % 5 == 2:
             body["stop"] = ["\n\n", "the mat"]
+        if i % 4 == 1:  # the logit adjustments: exact under load too
+            body.update(presence_penalty=0.5, frequency_penalty=0.3)
+        if i % 4 == 2:
+            body.update(repetition_penalty=1.2, logit_bias={"32": 2.0, "101": -1.5})
+        if i % 7 == 3:
+            body["min_tokens"] = 10
         prompt = prompts[i % len(prompts)]
         if isinstance(prompt, list):
             body["messages"] = prompt

@@ -35,7 +35,8 @@ import numpy as np
 
 from ...formats.manifest import ManifestError, check_engine_file, check_manifest, read_manifest
 from ...formats.shapes import ShapeLimits, derive_profiles
-from ...graphs.verify import GREEDY, MUL_RANGE, NOISE_MUL, sample_feeds
+from ...graphs.noise import MUL_RANGE
+from ...graphs.verify import GREEDY, NOISE_MUL, sample_feeds
 from ...graphs.verify import LOGITS as VERIFY_LOGITS
 from ...graphs.verify import MATCH as VERIFY_MATCH
 from ...graphs.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS
@@ -236,6 +237,12 @@ class TensorRTPrimitives(PrimitivesBase):
         out = self._verify.run(feeds)
         tokens[lo : lo + m] = dev.to_host(out[VERIFY_TOKENS])[:m]
         match[lo : lo + m] = dev.to_host(out[VERIFY_MATCH])[:m]
+
+    def _adjust_impl(self, logits: Any, adjust) -> Any:
+        """The adjust graph on onnxruntime over the host's copy of the rows (penalties, bias,
+        min_tokens: only lanes that ask pay), back on the device for the verify engine.
+        An adjust engine (the graph passes ``sf-trt build --check``) would keep them there."""
+        return self._dev.to_device(super()._adjust_impl(logits, adjust))  # to_device runs on the runtime's stream
 
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # rollback is the length PrimitivesBase keeps: nothing past it is read

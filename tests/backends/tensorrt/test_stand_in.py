@@ -392,3 +392,18 @@ def test_tensorrt_fp16_decoder_is_close_to_the_fp32_stand_in(tmp_path):
         for rows in (_rows([0] * 6, range(6), [5, 9, 17, 3, 5, 9], range(6)), _rows([0, 2], [6, 0], [4, 8], [0, 1]), _rows([0, 2], [7, 1], [1, 2], [0, 1])):
             np.testing.assert_allclose(trt_p.logits_host(trt_p.forward(rows)), cpu_p.logits_host(cpu_p.forward(rows)), atol=2e-2, rtol=2e-2)
         trt_p.close()
+
+
+def test_penalized_lanes_on_the_stand_in_draw_what_the_fake_draws():
+    """The logit adjustments run before the verify engine (and on the device's copy of the
+    logits); a speculating lane with penalties emits what the same lane emits plain."""
+    import functools
+
+    from lanes import LaneSpec, plain_alone, run_lanes
+
+    params = SamplingParams(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                            logit_bias={5: 2.0}, min_tokens=4, max_tokens=20)
+    for mode in (Sampling.GPU_GREEDY, Sampling.GPU_GUMBEL):
+        spec = LaneSpec(prompt=(1, 2, 3, 1, 2, 3, 1, 2), mode=mode, params=params, speculate=True, seed=9, budgets=(7, 13))
+        (run,) = run_lanes(functools.partial(stand_in), [spec])
+        assert run.tokens == plain_alone(functools.partial(stand_in), spec).tokens and len(run.tokens) == 20
