@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graphs.adjust import ADJUSTED, FLOAT_INPUTS, IDS, LOGITS, build_adjust_graph
+from ..graphs.adjust import ADJUSTED, ALLOWED, FLOAT_INPUTS, IDS, LOGITS, build_adjust_graph
 from .ort_session import open_session
 
 __all__ = ["OrtLogitAdjust"]
@@ -25,5 +25,7 @@ class OrtLogitAdjust:
         feeds = {LOGITS: np.ascontiguousarray(logits, np.float32), IDS: np.ascontiguousarray(adjust.ids, np.int64)}
         for name, value in zip(FLOAT_INPUTS, adjust.values()):
             feeds[name] = np.ascontiguousarray(value, np.float32)
+        allowed = adjust.allowed if adjust.allowed is not None else np.ones(logits.shape, bool)
+        feeds[ALLOWED] = np.ascontiguousarray(allowed, bool)
         (out,) = self._session.run([ADJUSTED], feeds)
         return out

@@ -25,6 +25,7 @@ from ..tokenizer import TokenizerError
 from .errors import ApiError, refusal
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .state import ServerState
+from .structured import request_grammar
 
 __all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output"]
 
@@ -111,6 +112,7 @@ class Job:
             bias = body.bias_pairs()
         except ValueError as exc:
             raise ApiError(400, Status.BAD_SAMPLING_PARAMS.name, str(exc), "logit_bias") from None
+        grammar = request_grammar(state, body)
         choices = []
         for p, ids in enumerate(prompts):
             mt = 0 if prompt_only else _max_tokens(
@@ -121,7 +123,7 @@ class Job:
                     top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0, max_tokens=mt, flags=flags,
                     presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
                     repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-                    logit_bias=bias, min_tokens=body.min_tokens or 0,
+                    logit_bias=bias, min_tokens=body.min_tokens or 0, grammar=grammar,
                 )
             except StatusError as exc:
                 raise refusal(exc) from None

@@ -4,7 +4,8 @@ Every model forbids fields it does not declare (``extra="forbid"``): a misspelt 
 unsupported field is a 400 naming it, never silently ignored. Fields the OpenAI API
 defines but sf_trt cannot honour yet are declared so that the 400 can say so
 (:meth:`SamplingFields.unsupported`): they are accepted only at their no-op values
-(``response_format`` ``{"type": "text"}``, no tools).
+(no tools). ``response_format`` and vLLM's ``structured_outputs`` / ``guided_*`` are
+checked by :mod:`sf_trt.serve.structured`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ class SamplingFields(_Strict):
     """vLLM's: no EOS, stop token or stop string ends the output before this many tokens."""
     prompt_logprobs: Optional[int] = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
     """vLLM's: each prompt token's logprob (the first's is null) and this many alternatives."""
+    # Output constraints (vLLM's; sf_trt.serve.structured compiles them)
+    structured_outputs: Optional[dict[str, Any]] = None
+    """vLLM's: one of ``json`` (a schema), ``regex``, ``choice`` (strings), ``grammar`` (Lark/GBNF)."""
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
     def unsupported(self) -> list[str]:
         """The fields set to something sf_trt cannot honour yet, by name."""
@@ -168,8 +176,6 @@ class ChatCompletionRequest(SamplingFields):
 
     def unsupported(self) -> list[str]:
         out = super().unsupported()
-        if self.response_format not in (None, {"type": "text"}):
-            out.append("response_format")
         for name in ("tools", "functions"):
             if getattr(self, name):
                 out.append(name)

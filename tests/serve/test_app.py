@@ -181,7 +181,7 @@ def test_unknown_fields_are_a_400_that_names_them(fake_server, path, body, param
 
 
 @pytest.mark.parametrize("field, value", [
-    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("tool_choice", "auto"),
 ])
 def test_fields_sf_trt_cannot_honour_are_a_400_that_names_them(fake_server, field, value):
