@@ -134,6 +134,7 @@ class LaneGrammar:
 
     def __init__(self, grammar: Grammar) -> None:
         self.grammar = grammar
+        self.vocab = grammar.vocab
         self.matcher = _llguidance().LLMatcher(grammar.table, grammar.text, log_level=0)
         self.cut_tokens = 0
         """Draft tokens cut before a pass because the grammar forbids them (counted for tests and metrics)."""
@@ -153,12 +154,11 @@ class LaneGrammar:
     def allowed(self, draft: Sequence[int]) -> np.ndarray:
         """bool ``[len(draft) + 1, vocab]``: row ``i`` the tokens allowed after ``draft[:i]``
         (``draft`` already cut to :meth:`valid_prefix`). The matcher ends where it began."""
-        v = self.grammar.vocab
-        packed = np.empty((len(draft) + 1, (v + 31) // 32 * 4), np.uint8)
+        packed = []  # one bit per token, little-endian 32-bit words (llguidance may add a word)
         for i in range(len(draft) + 1):
             if i:
                 self.matcher.consume_token(int(draft[i - 1]))
-            packed[i] = np.frombuffer(self.matcher.compute_bitmask(), np.uint8)
+            packed.append(np.frombuffer(self.matcher.compute_bitmask(), np.uint8))
         if draft:
             self.matcher.rollback(len(draft))
-        return np.unpackbits(packed, axis=1, bitorder="little")[:, :v].astype(bool)
+        return np.unpackbits(np.stack(packed), axis=1, bitorder="little")[:, : self.vocab].astype(bool)
