@@ -225,6 +225,11 @@ class EngineLoop:
         """Taking requests: started, not draining, not failed."""
         return self._thread is not None and self._thread.is_alive() and not self._draining and self.failure is None
 
+    @property
+    def unavailable(self) -> Optional[str]:
+        """Why the loop takes no new requests (draining, failed, not started); None while it serves."""
+        return None if self.serving else self._not_serving_reason()
+
     def check(self, request: Request) -> None:
         """Refuse (StatusError) a request the loop cannot run; what :meth:`submit` checks."""
         check_prompt(request.prompt_ids, self.caps)

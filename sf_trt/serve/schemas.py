@@ -1,11 +1,14 @@
 """Request bodies of the OpenAI-compatible routes (pydantic v2, unknown fields refused).
 
 Every model forbids fields it does not declare (``extra="forbid"``): a misspelt or
-unsupported field is a 400 naming it, never silently ignored. Fields the OpenAI API
-defines but sf_trt cannot honour yet are declared so that the 400 can say so
-(:meth:`SamplingFields.unsupported`): they are accepted only at their no-op values
-(a penalty of 0, ``repetition_penalty`` 1, an empty ``logit_bias``, ``response_format``
-``{"type": "text"}``, no tools).
+unsupported field is a 400 naming it, never silently ignored. Types are strict
+(``strict=True``): ``"1"`` is not a number, ``1`` is not a bool, ``1.0`` is not an
+int. Fields the OpenAI API defines but sf_trt cannot honour yet are declared so that
+the 400 can say so (:meth:`SamplingFields.unsupported`): they are accepted only at
+their no-op values (a penalty of 0, ``repetition_penalty`` 1, an empty ``logit_bias``,
+``response_format`` ``{"type": "text"}``, no tools, ``skip_special_tokens`` true).
+Fields that only annotate a request (``store``, ``metadata``, ``service_tier``,
+``user``, ``parallel_tool_calls``) are accepted and change nothing.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ SPECULATE_CHOICES = ("none", *DRAFTERS)
 MAX_N = 16
 """The most choices (``n``) one request may ask for."""
 _INT63 = 2**63 - 1
+TEMPERATURE_MAX = 2.0
+"""The highest ``temperature`` a request may ask for (OpenAI's range is 0..2)."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SfTrtOptions(_Strict):
@@ -55,6 +60,8 @@ class SfTrtOptions(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: every chunk carries the usage so far (with ``include_usage``, as vLLM)."""
 
 
 class SamplingFields(_Strict):
@@ -62,11 +69,12 @@ class SamplingFields(_Strict):
 
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0.0, allow_inf_nan=False)
+    temperature: Optional[float] = Field(None, ge=0.0, le=TEMPERATURE_MAX, allow_inf_nan=False)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: Optional[int] = Field(None, ge=-1)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
-    seed: Optional[int] = Field(None, ge=0, le=_INT63)
+    seed: Optional[int] = Field(None, ge=-1, le=_INT63)
+    """-1 (vLLM's) or none: the server draws one and returns it."""
     n: int = Field(1, ge=1, le=MAX_N)
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
@@ -74,6 +82,14 @@ class SamplingFields(_Strict):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
     sf_trt: Optional[SfTrtOptions] = None
+    ignore_eos: bool = False
+    """vLLM's: the same as ``sf_trt.ignore_eos``."""
+    skip_special_tokens: bool = True
+    """vLLM's: the text leaves special tokens out; sf_trt always does (false is refused)."""
+    # Annotations: accepted, change nothing.
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
     # Defined by OpenAI, not honoured yet: accepted at their no-op values only.
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
@@ -90,7 +106,18 @@ class SamplingFields(_Strict):
             out.append("repetition_penalty")
         if self.logit_bias:
             out.append("logit_bias")
+        if not self.skip_special_tokens:
+            out.append("skip_special_tokens")
         return out
+
+    @field_validator("seed")
+    @classmethod
+    def _random_seed(cls, v: Optional[int]) -> Optional[int]:
+        return None if v == -1 else v
+
+    @property
+    def ignores_eos(self) -> bool:
+        return self.ignore_eos or bool(self.sf_trt and self.sf_trt.ignore_eos)
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:

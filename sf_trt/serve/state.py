@@ -12,7 +12,14 @@ from ..scheduler import DEFAULT_DRAFTER
 from .errors import ApiError
 from .metrics import ServerMetrics
 
-__all__ = ["ServerState", "Loader"]
+__all__ = ["ServerState", "Loader", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_PROMPT_BYTES", "DEFAULT_READ_TIMEOUT_S"]
+
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+"""``--max-body-bytes``' default (16 MiB): a larger body is a 413, before it is read."""
+DEFAULT_MAX_PROMPT_BYTES = 2 << 20
+"""``--max-prompt-bytes``' default (2 MiB): a longer prompt text is refused before it is tokenized."""
+DEFAULT_READ_TIMEOUT_S = 30.0
+"""``--read-timeout``' default: seconds a client has to send a request's head, and then its body."""
 
 
 @dataclasses.dataclass
@@ -26,6 +33,9 @@ class ServerState:
     default_speculate: str = DEFAULT_DRAFTER
     default_max_draft: int = 0
     drain_timeout_s: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     engine: Optional[EngineLoop] = None
     tokenizer: Any = None
     max_context: int = 0

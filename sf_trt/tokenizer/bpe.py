@@ -70,6 +70,9 @@ class Tokenizer:
                 except KeyError:  # not a byte-level piece: keep its text
                     token_bytes.append(piece.encode("utf-8"))
         self._token_bytes = token_bytes
+        # A text of N UTF-8 bytes is at least N / max_token_bytes tokens (byte-level BPE: the
+        # tokens' bytes are the text's); None when a normalizer may rewrite the text first.
+        self.max_token_bytes: int | None = max(map(len, token_bytes), default=1) if hf.normalizer is None else None
         self._compiled_template = None
         self._template_failure: str | None = None
         self._special_table: dict[str, int] | None = None
