@@ -111,7 +111,8 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
         raw = await read_body(request, state.max_body_bytes, state.read_timeout_s)
         return await asyncio.to_thread(work, raw)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
+    @app.head("/health", include_in_schema=False)
     async def health() -> JSONResponse:
         if state.load_error is not None:
             return JSONResponse({"status": "failed", "error": state.load_error}, status_code=503)

@@ -5,7 +5,7 @@
   ``read_timeout_s`` of opening, or of the end of its previous response plus the
   keep-alive timeout; else it is closed. uvicorn itself never closes a connection
   that trickles a header byte at a time (a slow-loris). Heads are bounded by h11
-  (:data:`MAX_HEAD_BYTES`); idle keep-alive connections close after
+  (:data:`~sf_trt.serve.limits.MAX_HEAD_BYTES`); idle keep-alive connections close after
   ``timeout_keep_alive``; a body must arrive within the read timeout too
   (:func:`sf_trt.serve.guard.read_body`).
 * :class:`DrainingServer`: on the first SIGTERM (or Ctrl+C) it keeps listening while
@@ -25,14 +25,10 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .state import DEFAULT_READ_TIMEOUT_S
+from .limits import DEFAULT_KEEP_ALIVE_S, DEFAULT_READ_TIMEOUT_S, MAX_HEAD_BYTES
 
-__all__ = ["TimedH11Protocol", "DrainingServer", "uvicorn_config", "DEFAULT_KEEP_ALIVE_S", "MAX_HEAD_BYTES"]
+__all__ = ["TimedH11Protocol", "DrainingServer", "uvicorn_config"]
 
-DEFAULT_KEEP_ALIVE_S = 5.0
-"""``--keep-alive-timeout``' default: an idle connection closes after this (uvicorn's own default)."""
-MAX_HEAD_BYTES = 64 << 10
-"""The largest request head (request line and headers) h11 takes: 64 KiB."""
 
 
 class TimedH11Protocol(H11Protocol):

@@ -10,16 +10,10 @@ from typing import Any, Awaitable, Callable, Optional
 from ..engine_loop import EngineLoop
 from ..scheduler import DEFAULT_DRAFTER
 from .errors import ApiError
+from .limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_BYTES, DEFAULT_READ_TIMEOUT_S
 from .metrics import ServerMetrics
 
-__all__ = ["ServerState", "Loader", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_PROMPT_BYTES", "DEFAULT_READ_TIMEOUT_S"]
-
-DEFAULT_MAX_BODY_BYTES = 16 << 20
-"""``--max-body-bytes``' default (16 MiB): a larger body is a 413, before it is read."""
-DEFAULT_MAX_PROMPT_BYTES = 2 << 20
-"""``--max-prompt-bytes``' default (2 MiB): a longer prompt text is refused before it is tokenized."""
-DEFAULT_READ_TIMEOUT_S = 30.0
-"""``--read-timeout``' default: seconds a client has to send a request's head, and then its body."""
+__all__ = ["ServerState", "Loader"]
 
 
 @dataclasses.dataclass

@@ -147,10 +147,12 @@ def test_logprobs_are_the_same_with_speculation_on_and_off(client, temperature):
         text = bytes(b for t in content if t.token != "<|special:256|>" for b in t.bytes).decode("utf-8", "replace")
         assert text == r.choices[0].message.content
     assert got["none"] == got["prompt-lookup"]
-    c = client.completions.create(model="fake", prompt=PROMPT, max_tokens=10, temperature=0, logprobs=2)
-    lp = c.choices[0].logprobs
+    c = client.completions.create(model="fake", prompt=PROMPT, max_tokens=10, temperature=0, logprobs=2,
+                                  extra_body={"sf_trt": {"return_token_ids": True}})
+    lp, ids = c.choices[0].logprobs, c.choices[0].model_extra["token_ids"]
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 10 and all(len(t) <= 2 for t in lp.top_logprobs)
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:j]) for j in range(10)]
+    # offsets are characters of the text before each token (test_http.py: characters over several tokens)
+    assert lp.text_offset == [len(TOK.decode(ids[:j], skip_special=True).rstrip("\ufffd")) for j in range(10)]
 
 
 # -- errors --------------------------------------------------------------------------------------------
