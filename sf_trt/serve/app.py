@@ -107,6 +107,10 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
     async def _http(request: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
         return http_error(exc.status_code, exc.detail).response()
 
+    @app.exception_handler(Exception)
+    async def _bug(request: HttpRequest, exc: Exception) -> JSONResponse:  # logged with its traceback by the server
+        return ApiError(500, "InternalServerError", f"the server failed: {type(exc).__name__}").response()
+
     async def off_loop(request: HttpRequest, work: Callable[[bytes], Any]) -> Any:
         raw = await read_body(request, state.max_body_bytes, state.read_timeout_s)
         return await asyncio.to_thread(work, raw)
@@ -155,13 +159,14 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
         job = await off_loop(request, lambda raw: Job.chat(state, parse_body(ChatCompletionRequest, raw)))
         return await _serve(state, request, job)
 
+    # the answer is rendered off the event loop too: a long text's ids make a long JSON body
     @app.post("/tokenize", openapi_extra=_body(TokenizeCompletionRequest, TokenizeChatRequest))
-    async def tokenize_route(request: HttpRequest) -> dict:
-        return await off_loop(request, lambda raw: tokenize(state, raw))
+    async def tokenize_route(request: HttpRequest) -> JSONResponse:
+        return await off_loop(request, lambda raw: JSONResponse(tokenize(state, raw)))
 
     @app.post("/detokenize", openapi_extra=_body(DetokenizeRequest))
-    async def detokenize_route(request: HttpRequest) -> dict:
-        return await off_loop(request, lambda raw: detokenize(state, raw))
+    async def detokenize_route(request: HttpRequest) -> JSONResponse:
+        return await off_loop(request, lambda raw: JSONResponse(detokenize(state, raw)))
 
     return app
 

@@ -162,13 +162,13 @@ def draft_scope(user: Optional[str]) -> str:
     return DEFAULT_SCOPE if not user else "user:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _check_text_size(state: ServerState, size: int, param: str) -> None:
+def _check_text_size(state: ServerState, size: int, param: str, fit_context: bool) -> None:
     """Refuse, before tokenizing, a prompt text of ``size`` UTF-8 bytes over
-    ``--max-prompt-bytes`` or whose bytes alone prove it longer than the context."""
+    ``--max-prompt-bytes`` or (``fit_context``) whose bytes alone prove it longer than the context."""
     if size > state.max_prompt_bytes:
         raise ApiError(400, Status.PROMPT_TOO_LONG.name, f"{param}: {size} bytes of text, more than --max-prompt-bytes {state.max_prompt_bytes}", param)
     per_token = getattr(state.tokenizer, "max_token_bytes", None)
-    if per_token:
+    if per_token and fit_context:
         at_least = -(-size // per_token)
         _check_fits(state, at_least, param, f"at least {at_least} tokens in the prompt ({size} bytes, at most {per_token} a token)")
 
@@ -186,19 +186,21 @@ def _utf8_size(text: str, param: str) -> int:
         raise ApiError(400, "BadRequestError", f"{param}: not valid text ({exc.reason} at character {exc.start})", param) from None
 
 
-def encode_text(state: ServerState, text: str, param: str) -> list[int]:
-    """The ids of a prompt text, its size checked first (module docstring). Off the event loop."""
-    _check_text_size(state, _utf8_size(text, param), param)
+def encode_text(state: ServerState, text: str, param: str, fit_context: bool = True) -> list[int]:
+    """The ids of a prompt text, its size checked first (module docstring; ``fit_context``
+    False: only ``--max-prompt-bytes``, for ``/tokenize``). Off the event loop."""
+    _check_text_size(state, _utf8_size(text, param), param, fit_context)
     try:
         return state.tokenizer.encode(text)
     except TokenizerError as exc:
         raise ApiError(400, "BadRequestError", str(exc), param) from None
 
 
-def encode_messages(state: ServerState, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def encode_messages(state: ServerState, messages: list[dict], add_generation_prompt: bool = True, fit_context: bool = True) -> list[int]:
     """The ids of chat messages in the model's template, their contents' size checked
-    first. Contents stay text: a message cannot forge a control token (a role turn)."""
-    _check_text_size(state, sum(_utf8_size(m["content"], "messages") for m in messages), "messages")
+    first (as :func:`encode_text`). Contents stay text: a message cannot forge a control
+    token (a role turn)."""
+    _check_text_size(state, sum(_utf8_size(m["content"], "messages") for m in messages), "messages", fit_context)
     try:
         return state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
     except TokenizerError as exc:

@@ -8,7 +8,8 @@ decoded with U+FFFD for a partial character). ``add_special_tokens`` is accepted
 sf_trt's tokenizers add no special token to a prompt either way, so the ids are
 those the generating routes use. ``/detokenize`` takes ``{"tokens": [...]}`` and
 answers ``{"prompt": TEXT}`` (special tokens kept). Both check the model like the
-generating routes, and a prompt's size like them (``--max-prompt-bytes``).
+generating routes, and a prompt's size against ``--max-prompt-bytes`` (not against the
+context: counting a text too long for it is what a harness may want).
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def tokenize(state: ServerState, raw: bytes) -> dict:
     check_model(state, body.model)
     if isinstance(body, TokenizeChatRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        ids = encode_messages(state, messages, add_generation_prompt=body.add_generation_prompt)
+        ids = encode_messages(state, messages, add_generation_prompt=body.add_generation_prompt, fit_context=False)
     else:
-        ids = encode_text(state, body.prompt, "prompt")
+        ids = encode_text(state, body.prompt, "prompt", fit_context=False)
     strs = [state.tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids] if body.return_token_strs else None
     return {"count": len(ids), "max_model_len": state.max_context, "tokens": ids, "token_strs": strs}
 

@@ -148,6 +148,26 @@ def test_health_answers_at_once_while_a_long_prompt_is_tokenized():
         assert result["r"].status_code == 200
 
 
+@pytest.mark.slow
+def test_the_real_tokenizer_on_a_long_prompt_leaves_the_server_answering(real_tokenizer):
+    """The real tokenizer works in a worker thread without holding the GIL: 1.5 MiB of text
+    takes seconds to tokenize, and /health answers within half a second meanwhile."""
+    text = ("the quick brown fox, 123 jumps; " * 60_000)[: 3 << 19]
+    with live_server(tokenizer=real_tokenizer) as live:
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(r=httpx.post(f"{live.url}/tokenize", json={"prompt": text}, timeout=120)))
+        thread.start()
+        worst, pings = 0.0, 0
+        while thread.is_alive():
+            t0 = time.monotonic()
+            assert httpx.get(f"{live.url}/health", timeout=10).status_code == 200
+            worst, pings = max(worst, time.monotonic() - t0), pings + 1
+            time.sleep(0.05)
+        thread.join()
+        assert result["r"].status_code == 200 and result["r"].json()["count"] == len(real_tokenizer.encode(text))
+        assert pings >= 5 and worst < 0.5, (pings, worst)
+
+
 def test_a_prompt_over_max_prompt_bytes_or_the_context_is_refused_without_tokenizing_it():
     tok = SlowTokenizer()
     with live_server(tokenizer=tok, max_prompt_bytes=600) as live:
@@ -275,6 +295,18 @@ def test_a_model_by_id_and_head_on_health(client, fake_server):
 def test_the_frameworks_own_errors_use_the_envelope(fake_server, method, path, status, type_):
     resp = httpx.request(method, f"{fake_server.url}{path}", timeout=10)
     assert (resp.status_code, envelope(resp)["type"]) == (status, type_)
+
+
+class BrokenTokenizer(ByteTokenizer):
+    def encode(self, text: str) -> list[int]:
+        raise RuntimeError("a bug")
+
+
+def test_an_unexpected_failure_is_a_500_in_the_envelope_and_the_server_goes_on():
+    with live_server(tokenizer=BrokenTokenizer(257, 256)) as live:
+        resp = httpx.post(f"{live.url}/v1/completions", json={"prompt": "ab"}, timeout=10)
+        assert resp.status_code == 500 and envelope(resp)["message"] == "the server failed: RuntimeError"
+        assert httpx.post(f"{live.url}/v1/completions", json={"prompt": [97, 98], "max_tokens": 2}, timeout=10).status_code == 200
 
 
 def test_tokenize_and_detokenize_in_vllms_shapes_give_the_ids_the_routes_prefill(fake_server):
