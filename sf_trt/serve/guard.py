@@ -112,18 +112,22 @@ async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
     """The request's body, refused with a 413 once it passes ``limit`` bytes (a body
     without a ``Content-Length`` is counted as it comes), and with a 408 when it has
     not all come within ``timeout_s`` (``--read-timeout``)."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+
+    async def read() -> bytes:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit, f"more than {limit} bytes (sent without a Content-Length)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise too_large(limit, f"more than {limit} bytes (sent without a Content-Length)")
-                chunks.append(chunk)
-    except TimeoutError:
+        return await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
         raise ApiError(408, "RequestTimeoutError", f"the body did not arrive within --read-timeout {timeout_s:g}s "
-                       f"({size} bytes came)", headers={"Connection": "close"}) from None
-    return b"".join(chunks)
+                       f"({sum(map(len, chunks))} bytes came)", headers={"Connection": "close"}) from None
 
 
 def parse_body(model: type[M], raw: bytes) -> M:

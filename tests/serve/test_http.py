@@ -74,9 +74,12 @@ def test_a_body_that_is_not_json_is_a_415_that_does_not_echo_it(fake_server):
     err = envelope(resp)
     assert resp.status_code == 415 and err["type"] == "UnsupportedMediaTypeError"
     assert "application/x-www-form-urlencoded" in err["message"] and len(resp.content) < 500
-    # no Content-Type at all is read as JSON; a JSON body that does not parse is a short 400
-    ok = httpx.post(f"{fake_server.url}/v1/completions", content=b'{"prompt": "ab", "max_tokens": 2}', timeout=10)
-    assert ok.status_code == 200, ok.text
+    # no Content-Type at all is read as JSON, and so is JSON with a charset or a +json type;
+    # a JSON body that does not parse is a short 400
+    for kind in (None, "application/json; charset=utf-8", "application/vnd.api+json"):
+        ok = httpx.post(f"{fake_server.url}/v1/completions", content=b'{"prompt": "ab", "max_tokens": 2}', timeout=10,
+                        headers={"Content-Type": kind} if kind else {})
+        assert ok.status_code == 200, (kind, ok.text)
     bad = httpx.post(f"{fake_server.url}/v1/completions", content=b'{"prompt": "' + b"x" * 100_000, timeout=10,
                      headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and "not valid JSON" in envelope(bad)["message"] and len(bad.content) < 500
