@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine import TOP_LOGPROBS_MAX
 from ..scheduler import DRAFTERS
+from .limits import TEMPERATURE_MAX
 
 __all__ = [
     "SfTrtOptions", "StreamOptions", "SamplingFields", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
@@ -30,8 +31,6 @@ SPECULATE_CHOICES = ("none", *DRAFTERS)
 MAX_N = 16
 """The most choices (``n``) one request may ask for."""
 _INT63 = 2**63 - 1
-TEMPERATURE_MAX = 2.0
-"""The highest ``temperature`` a request may ask for (OpenAI's range is 0..2)."""
 
 
 class _Strict(BaseModel):
