@@ -2,7 +2,8 @@
 ``openai`` client, ``langchain-openai`` and ``litellm`` (test dependencies; none needs torch
 or the network here). Each library's basic flows: chat, a stream, a batch (several prompts
 or ``n`` > 1). A seeded answer through any library is the answer the openai client gets,
-which test_app.py checks against the engine alone. The fake backend, no model.
+which test_app.py checks against the engine alone. The fake backend, no model; the real
+model in one test marked slow.
 
 docs/serving.md's client table lists what these tests cover."""
 
@@ -111,3 +112,39 @@ def test_litellm_chat_stream_n_and_batches(litellm, url, oa):
     assert [r.choices[0].message.content for r in got] == [chat_answer(oa, t)[0] for t in texts]
     r = litellm.text_completion(model="text-completion-openai/fake", api_base=url, api_key="unused", prompt=PROMPTS, **KW)
     assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == completion_answer(oa, PROMPTS)
+
+
+# -- the real model ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_on_the_real_model_each_library_gets_the_openai_clients_answer(real_int8_model_dir, lc, litellm):
+    """The default model behind the server: a seeded chat through langchain-openai and litellm,
+    whole and streamed, is the openai client's answer, and so is a completions batch."""
+    import openai
+
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.tokenizer import Tokenizer
+
+    from servers import live_server
+
+    prims = OrtDecoderPrimitives(real_int8_model_dir, max_lanes=4, max_context=256)
+    messages = [{"role": "user", "content": "List three colours."}]
+    kw = dict(max_tokens=16, temperature=0.7, seed=3)
+    try:
+        with live_server(prims, tokenizer=Tokenizer.load(real_int8_model_dir), model_name="smollm2") as live:
+            url = f"{live.url}/v1"
+            oa = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+            want = oa.chat.completions.create(model="smollm2", messages=messages, **kw).choices[0].message.content
+            assert want
+            chat = lc.ChatOpenAI(base_url=url, api_key="unused", model="smollm2", max_retries=0, timeout=120, **kw)
+            assert chat.invoke(messages[0]["content"]).content == want
+            assert "".join(c.content for c in chat.stream(messages[0]["content"])) == want
+            lkw = dict(model="openai/smollm2", api_base=url, api_key="unused", num_retries=0, **kw)
+            assert litellm.completion(messages=messages, **lkw).choices[0].message.content == want
+            assert "".join(c.choices[0].delta.content or "" for c in litellm.completion(messages=messages, stream=True, **lkw)) == want
+            prompts = ["The capital of France is", "def add(a, b):"]
+            batch = [c.text for c in sorted(oa.completions.create(model="smollm2", prompt=prompts, **kw).choices, key=lambda c: c.index)]
+            assert lc.OpenAI(base_url=url, api_key="unused", model="smollm2", max_retries=0, **kw).batch(prompts) == batch
+    finally:
+        prims.close()
