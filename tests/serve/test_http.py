@@ -122,8 +122,8 @@ def test_the_api_key_is_checked_before_the_body_and_guards_everything_but_the_pr
 
 
 class SlowTokenizer(ByteTokenizer):
-    """Encodes like the byte tokenizer, but a long text takes a second (holding its thread, as a
-    real tokenizer does), and says when it has started."""
+    """Encodes like the byte tokenizer, but a long text takes two seconds (holding its thread,
+    as a real tokenizer does), and says when it has started."""
 
     def __init__(self) -> None:
         super().__init__(257, 256)
@@ -132,7 +132,7 @@ class SlowTokenizer(ByteTokenizer):
     def encode(self, text: str) -> list[int]:
         if len(text) > 500:
             self.started.set()
-            time.sleep(1.0)
+            time.sleep(2.0)
         return super().encode(text)
 
 
@@ -146,7 +146,7 @@ def test_health_answers_at_once_while_a_long_prompt_is_tokenized():
         assert tok.started.wait(10)
         t0 = time.monotonic()
         assert httpx.get(f"{live.url}/health", timeout=10).status_code == 200
-        assert time.monotonic() - t0 < 0.5  # not the 1 s the tokenizer holds its thread
+        assert time.monotonic() - t0 < 1.0  # not the 2 s the tokenizer holds its thread
         thread.join(30)
         assert result["r"].status_code == 200
 
@@ -154,7 +154,7 @@ def test_health_answers_at_once_while_a_long_prompt_is_tokenized():
 @pytest.mark.slow
 def test_the_real_tokenizer_on_a_long_prompt_leaves_the_server_answering(real_tokenizer):
     """The real tokenizer works in a worker thread without holding the GIL: 1.5 MiB of text
-    takes seconds to tokenize, and /health answers within half a second meanwhile."""
+    takes seconds to tokenize, and /health keeps answering, each within a second, meanwhile."""
     text = ("the quick brown fox, 123 jumps; " * 60_000)[: 3 << 19]
     with live_server(tokenizer=real_tokenizer) as live:
         result = {}
@@ -168,7 +168,7 @@ def test_the_real_tokenizer_on_a_long_prompt_leaves_the_server_answering(real_to
             time.sleep(0.05)
         thread.join()
         assert result["r"].status_code == 200 and result["r"].json()["count"] == len(real_tokenizer.encode(text))
-        assert pings >= 5 and worst < 0.5, (pings, worst)
+        assert pings >= 5 and worst < 1.0, (pings, worst)  # holding the GIL, the server (and this test) manage 2
 
 
 def test_a_prompt_over_max_prompt_bytes_or_the_context_is_refused_without_tokenizing_it():
