@@ -7,7 +7,8 @@ and SSE shapes), :mod:`.errors` (error responses), :mod:`.state` (what routes
 share), :mod:`.metrics` (Prometheus, vLLM's names), :mod:`.guard` (what is
 refused before a body is read), :mod:`.server` (uvicorn with time limits and a
 draining shutdown), :mod:`.tokenize` (``/tokenize``, ``/detokenize``),
-:mod:`.limits` (the defaults of the limits) and :mod:`.proxy`; the subcommands and the load generator live in ``cli/``.
+:mod:`.limits` (the defaults of the limits) and :mod:`.proxy`; the subcommands and
+the load generator live in ``cli/``.
 The engine loop (:mod:`sf_trt.engine_loop`) owns lanes, ticks and cancellation;
 no route touches the Executor. Needs the ``serve`` extra
 (``pip install -e '.[serve]'``). See ``docs/serving.md``.
