@@ -60,7 +60,8 @@ def server_state(args, *, max_queued: int | None = None, const_labels: dict[str,
     name = served_model_name(args)
     state = ServerState(
         model_name=name, metrics=ServerMetrics(name, const_labels), api_key=args.api_key, default_speculate=args.speculate,
-        default_max_draft=args.max_draft, drain_timeout_s=args.drain_timeout,
+        default_max_draft=args.max_draft, drain_timeout_s=args.drain_timeout, max_body_bytes=args.max_body_bytes,
+        max_prompt_bytes=args.max_prompt_bytes, read_timeout_s=args.read_timeout,
     )
 
     def loader():

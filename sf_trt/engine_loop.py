@@ -59,8 +59,9 @@ class NotServing(Exception):
 class LoopConfig:
     """How the engine loop schedules (see :class:`~sf_trt.scheduler.Scheduler`).
 
-    ``max_queued``: requests that may wait for a lane (more are refused with
-    :class:`Overloaded`); ``tick_tokens``: tokens each decoding lane is asked for per
+    ``max_queued``: requests that may wait with no free lane for them (more are
+    refused with :class:`Overloaded`; 0: none wait, a request is taken only when a
+    lane is free for it); ``tick_tokens``: tokens each decoding lane is asked for per
     tick (smaller: tokens reach clients sooner; larger: fewer ticks);
     ``prefill_chunk`` / ``prefill_budget``: prompt tokens per lane / per tick;
     ``policy``: the drafting policy (default :class:`LoadAwareDrafting`).
@@ -214,9 +215,25 @@ class EngineLoop:
         return self._waiting
 
     @property
+    def num_lanes(self) -> int:
+        """Lane slots that can take a request (those quarantined after a failed release hold none)."""
+        return self.caps.max_lanes - len(self.executor.quarantined)
+
+    @property
+    def capacity(self) -> int:
+        """The most requests the loop holds at once: a lane each, plus ``max_queued`` waiting.
+        A batch of more requests than this can never be taken whole."""
+        return self.num_lanes + self.config.max_queued
+
+    @property
     def serving(self) -> bool:
         """Taking requests: started, not draining, not failed."""
         return self._thread is not None and self._thread.is_alive() and not self._draining and self.failure is None
+
+    @property
+    def unavailable(self) -> Optional[str]:
+        """Why the loop takes no new requests (draining, failed, not started); None while it serves."""
+        return None if self.serving else self._not_serving_reason()
 
     def check(self, request: Request) -> None:
         """Refuse (StatusError) a request the loop cannot run; what :meth:`submit` checks."""
@@ -230,8 +247,10 @@ class EngineLoop:
         with self._cond:
             if not self.serving:
                 raise NotServing(self._not_serving_reason())
-            if self._waiting >= self.config.max_queued:
-                raise Overloaded(f"{self._waiting} requests are waiting for a lane (--max-queued-requests {self.config.max_queued})")
+            # the requests already here that no free lane awaits; this one would join them
+            queued = self._waiting + self._running - self.num_lanes
+            if queued >= self.config.max_queued:
+                raise Overloaded(f"{queued} requests are waiting for a lane (--max-queued-requests {self.config.max_queued})")
             seq_id = next(self._seq_ids) % 2**32
             request_id = request_id or f"req-{seq_id}"
             if request_id in self._ids:

@@ -118,6 +118,20 @@ def test_a_full_queue_refuses_with_overloaded_and_loses_nothing_below_it():
         assert all(o[2].finish == Finish.LENGTH and len(o[0]) == 60 for o in outs)
 
 
+@pytest.mark.parametrize("max_queued", [0, 1])
+def test_the_queue_limit_counts_only_requests_that_no_free_lane_awaits(max_queued):
+    """4 lanes: 4 requests submitted at once to an idle loop all run, whatever the
+    limit (0 included); then ``max_queued`` more may wait, and the next is refused."""
+    with EngineLoop(SlowFake(CFG), tokenizer=TOK, config=LoopConfig(max_queued=max_queued)) as loop:
+        assert loop.capacity == 4 + max_queued
+        r = Request(TOK.encode("abcd"), params=SamplingParams(max_tokens=40), speculate=False)
+        streams = [loop.submit(r) for _ in range(4 + max_queued)]  # faster than the loop admits them
+        with pytest.raises(Overloaded, match=rf"{max_queued} requests are waiting for a lane \(--max-queued-requests {max_queued}\)"):
+            loop.submit(r)
+        outs = [collect(s) for s in streams]
+        assert all(o[2].finish == Finish.LENGTH and len(o[0]) == 40 for o in outs)
+
+
 def test_bad_requests_are_refused_at_submit_with_their_status():
     with EngineLoop(FakePrimitives(CFG), tokenizer=TOK) as loop:
         for request, status in (
