@@ -24,9 +24,11 @@ __all__ = ["add_serve_parsers", "run_serve", "FAKE_BACKEND"]
 
 def add_serve_parsers(sub: Any) -> None:
     """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
-    from sf_trt.scheduler import DRAFTERS, LoadAwareDrafting
+    from sf_trt.engine_loop import LoopConfig
+    from sf_trt.scheduler import DRAFTERS, SchedulerConfig
 
     speculate_choices = ("none", *DRAFTERS)
+    serving = SchedulerConfig.serving()
 
     p = sub.add_parser(
         "serve", help="an OpenAI-compatible server (completions, chat, streaming)",
@@ -42,8 +44,9 @@ def add_serve_parsers(sub: Any) -> None:
     g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model directory's name)")
     g.add_argument("--max-num-seqs", type=ranged(int, 1, 256, what="lanes in 1..256"), default=8,
                    help="lanes: requests decoded at once (default 8)")
-    g.add_argument("--max-queued-requests", type=ranged(int, 0, what="a queue length >= 0"), default=256,
-                   help="requests that may wait for a lane (with --ray: in each Ray proxy); more get 429 with Retry-After (default 256)")
+    g.add_argument("--max-queued-requests", type=ranged(int, 0, what="a queue length >= 0"), default=LoopConfig.max_queued,
+                   help="requests that may wait for a lane (with --ray: in each Ray proxy); more get 429 with Retry-After "
+                   f"(default {LoopConfig.max_queued})")
     g.add_argument("--drain-timeout", type=ranged(float, 0.0, what="seconds >= 0"), default=30.0,
                    help="on SIGTERM: seconds running requests may take to finish before they end with an error (default 30)")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
@@ -52,9 +55,9 @@ def add_serve_parsers(sub: Any) -> None:
                    help="the default for requests that do not say (per request: \"sf_trt\": {\"speculate\": ...}); default prompt-lookup")
     s.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=8,
                    help="default most draft tokens per verify pass (per request: \"sf_trt\": {\"max_draft\": N}); default 8")
-    s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=8,
-                   help="tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default 8)")
-    policy = LoadAwareDrafting()
+    s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=serving.tick_tokens,
+                   help=f"tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default {serving.tick_tokens})")
+    policy = serving.policy
     s.add_argument("--spec-row-budget", type=ranged(int, 1, 4096, what="rows >= 1"), default=policy.row_budget,
                    help="load-aware drafting: rows per pass speculation may fill; each of B lanes drafts at most "
                    f"budget // B - 1 tokens (default {policy.row_budget}; docs/serving.md)")
@@ -65,8 +68,8 @@ def add_serve_parsers(sub: Any) -> None:
     s.add_argument("--spec-min-acceptance", type=ranged(float, 0.0, 1.0, what="a rate in [0, 1]"), default=policy.min_acceptance,
                    help="load-aware drafting: lanes whose recent drafts are accepted less often than this, or than a draft row "
                    f"costs at the batch size, send none (default {policy.min_acceptance})")
-    s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
-                   help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
+    s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=serving.prefill_budget,
+                   help=f"prompt tokens prefilled per tick across lanes, beside the decoding lanes (default {serving.prefill_budget})")
     add_model_flags(p)
     add_ray_flags(p)
     backend = next(a for a in p._actions if a.dest == "backend")

@@ -53,7 +53,7 @@ def server_state(args, *, max_queued: int | None = None, const_labels: dict[str,
     ``const_labels``: labels on every metric, e.g. the Ray replica's)."""
     from sf_trt.drafting import PromptLookupConfig
     from sf_trt.engine_loop import EngineLoop, LoopConfig
-    from sf_trt.scheduler import LoadAwareDrafting
+    from sf_trt.scheduler import LoadAwareDrafting, SchedulerConfig
     from sf_trt.serve.metrics import ServerMetrics
     from sf_trt.serve.state import ServerState
 
@@ -67,11 +67,11 @@ def server_state(args, *, max_queued: int | None = None, const_labels: dict[str,
         prims, tokenizer, max_context = open_served(args)
         if args.speculate != "none" and not (prims.capabilities.verify_rows and prims.capabilities.truncate_partial):
             state.default_speculate = "none"
-        config = LoopConfig(
-            max_queued=args.max_queued_requests if max_queued is None else max_queued, tick_tokens=args.tick_tokens,
-            prefill_budget=args.prefill_budget, draft_config=PromptLookupConfig(max_draft=args.max_draft),
+        scheduler = SchedulerConfig.serving(
+            tick_tokens=args.tick_tokens, prefill_budget=args.prefill_budget, draft_config=PromptLookupConfig(max_draft=args.max_draft),
             policy=LoadAwareDrafting(row_budget=args.spec_row_budget, row_cost=args.spec_row_cost, min_acceptance=args.spec_min_acceptance),
         )
+        config = LoopConfig(max_queued=args.max_queued_requests if max_queued is None else max_queued, scheduler=scheduler)
         return EngineLoop(prims, tokenizer=tokenizer, config=config, observer=state.metrics), tokenizer, max_context
 
     return state, loader

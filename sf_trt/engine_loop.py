@@ -32,7 +32,7 @@ from .abi import Finish
 from .engine import TokenLogprobs
 from .executor import Executor, ExecutorConfig, check_prompt
 from .primitives import PrimitivesBase
-from .scheduler import FINISH_ERROR, DraftPolicy, Request, Scheduler, Update
+from .scheduler import FINISH_ERROR, Request, Scheduler, SchedulerConfig, Update
 
 __all__ = ["SHUTDOWN_ERROR", "LoopConfig", "Output", "RequestStream", "EngineLoop", "LoopObserver", "Overloaded", "NotServing"]
 
@@ -57,22 +57,21 @@ class NotServing(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-    """How the engine loop schedules (see :class:`~sf_trt.scheduler.Scheduler`).
+    """How the engine loop runs.
 
     ``max_queued``: requests that may wait for a lane (more are refused with
-    :class:`Overloaded`); ``tick_tokens``: tokens each decoding lane is asked for per
-    tick (smaller: tokens reach clients sooner; larger: fewer ticks);
-    ``prefill_chunk`` / ``prefill_budget``: prompt tokens per lane / per tick;
-    ``policy``: the drafting policy (default :class:`LoadAwareDrafting`).
+    :class:`Overloaded`); ``scheduler``: how the scheduler runs (default
+    :meth:`SchedulerConfig.serving`, the serving profile); ``executor``: the
+    Executor's configuration.
     """
 
     max_queued: int = 256
-    tick_tokens: int = 8
-    prefill_chunk: int = 256
-    prefill_budget: int = 512
-    draft_config: Any = None
-    policy: Optional[DraftPolicy] = None
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig.serving)
     executor: ExecutorConfig = ExecutorConfig()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_queued, bool) or not isinstance(self.max_queued, int) or self.max_queued < 0:
+            raise ValueError(f"LoopConfig: max_queued must be an int >= 0 (got {self.max_queued!r})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,19 +171,13 @@ class EngineLoop:
         config: LoopConfig = LoopConfig(),
         observer: Optional[LoopObserver] = None,
     ) -> None:
-        if config.max_queued < 0:
-            raise ValueError(f"LoopConfig: max_queued must be >= 0 (got {config.max_queued})")
         self.config = config
         self.primitives = primitives
         self.caps = primitives.capabilities
         self.tokenizer = tokenizer
         self.observer = observer
         self.executor = Executor(primitives, config.executor)
-        self.scheduler = Scheduler(
-            self.executor, tick_tokens=config.tick_tokens, prefill_chunk=config.prefill_chunk,
-            prefill_budget=config.prefill_budget, draft_config=config.draft_config,
-            policy=config.policy, tokenizer=tokenizer,
-        )
+        self.scheduler = Scheduler(self.executor, config.scheduler, tokenizer=tokenizer)
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
         self._streams: dict[int, RequestStream] = {}  # seq id -> stream, while live

@@ -5,8 +5,8 @@ token budget, stops) to their finish through :class:`~sf_trt.scheduler.Scheduler
 the same scheduler the serving engine loop (:mod:`sf_trt.engine_loop`) runs for
 requests that come and go: requests are admitted into free lane slots as others
 finish, prompts are prefilled in chunks beside lanes that decode, each decoding
-lane is asked for ``tick_tokens`` tokens per tick, and new tokens are reported
-after every tick. It is the layer the command line and the benchmarks share; it
+lane is asked for its tokens per tick (:class:`~sf_trt.scheduler.SchedulerConfig`,
+the batch profile), and new tokens are reported after every tick. It is the layer the command line and the benchmarks share; it
 holds no model logic.
 """
 
@@ -19,15 +19,11 @@ from .abi import Finish
 from .engine import TokenLogprobs
 from .executor import Executor, ExecutorConfig
 from .primitives import PrimitivesBase
-from .scheduler import DraftPolicy, Request, Scheduler, choice_key, run_to_completion, strategy_id
+from .scheduler import Request, Scheduler, SchedulerConfig, choice_key, run_to_completion, strategy_id
 
-__all__ = ["Generator", "Request", "Result", "choice_key", "STRATEGY_ID", "DEFAULT_TICK_TOKENS", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Generator", "Request", "Result", "choice_key", "STRATEGY_ID"]
 
 STRATEGY_ID = strategy_id("prompt_lookup")
-DEFAULT_TICK_TOKENS = 16
-"""Tokens each decoding lane is asked for per tick."""
-DEFAULT_PREFILL_CHUNK = 256
-"""Prompt tokens a lane prefills per tick."""
 
 
 @dataclasses.dataclass
@@ -68,29 +64,27 @@ OnTokens = Callable[[int, list[int]], None]
 class Generator:
     """Runs requests through one Executor, ``max_lanes`` of them at a time.
 
-    ``policy``: how long each lane's drafts may be each tick (default
-    :class:`~sf_trt.scheduler.LoadAwareDrafting`: drafts while they pay, none in a full
-    batch; :class:`~sf_trt.scheduler.DraftPolicy` drafts whenever the drafter finds one).
-    No policy changes a token."""
+    ``config`` says how the scheduler runs (default: ``SchedulerConfig()``, the batch
+    profile); keyword ``overrides`` replace its fields (``tick_tokens=4``,
+    ``policy=DraftPolicy()``, ...). The policy sets how long each lane's drafts may be
+    each tick (default :class:`~sf_trt.scheduler.LoadAwareDrafting`: drafts while
+    they pay, none in a full batch); no policy changes a token."""
 
     def __init__(
         self,
         primitives: PrimitivesBase,
+        config: Optional[SchedulerConfig] = None,
         *,
-        draft_config: Any = None,  # a drafter kind's config, or a list of them (one per kind)
-        tick_tokens: int = DEFAULT_TICK_TOKENS,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        prefill_budget: Optional[int] = None,
         executor_config: ExecutorConfig = ExecutorConfig(),
         tokenizer: Any = None,
-        policy: Optional[DraftPolicy] = None,
+        **overrides: Any,
     ) -> None:
+        config = config if config is not None else SchedulerConfig()
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
         self.primitives = primitives
         self.executor = Executor(primitives, executor_config)
-        self.scheduler = Scheduler(
-            self.executor, tick_tokens=tick_tokens, prefill_chunk=prefill_chunk, prefill_budget=prefill_budget,
-            draft_config=draft_config, policy=policy, tokenizer=tokenizer,
-        )
+        self.scheduler = Scheduler(self.executor, config, tokenizer=tokenizer)
 
     def run(self, requests: Sequence[Request], on_tokens: Optional[OnTokens] = None) -> list[Result]:
         """Run every request to its finish; results in request order.

@@ -13,7 +13,7 @@ from sf_trt.abi import Finish, Sampling, SamplingParams, Status, StatusError
 from sf_trt.engine_loop import EngineLoop, LoopConfig, NotServing, Overloaded
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.generate import Generator
-from sf_trt.scheduler import FINISH_ERROR, LoadAwareDrafting, Request
+from sf_trt.scheduler import FINISH_ERROR, LoadAwareDrafting, Request, SchedulerConfig
 from sf_trt.tokenizer import ByteTokenizer
 
 from fakes import POISON, FaultyFake, SlowFake
@@ -51,7 +51,7 @@ def collect(stream) -> tuple[list[int], str, object]:
 
 def test_requests_from_many_threads_each_get_what_they_get_alone():
     reqs = requests(12)
-    with EngineLoop(SlowFake(CFG), tokenizer=TOK, config=LoopConfig(tick_tokens=5)) as loop:
+    with EngineLoop(SlowFake(CFG), tokenizer=TOK, config=LoopConfig(scheduler=SchedulerConfig.serving(tick_tokens=5))) as loop:
         results: dict[int, tuple] = {}
 
         def client(i):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Callable, Optional, Sequence as Seq, Union
+from typing import Any, Callable, Optional
 
 from ..abi import Finish, Status, StatusError
 from ..engine import Events, Plan
 from ..executor import Executor, check_draft_scope
-from ..strategies import KINDS
-from .policy import DraftPolicy, LoadAwareDrafting
+from .config import SchedulerConfig
 from .requests import DRAFTERS, FINISH_ERROR, Request, strategy_id
 from .sequence import Sequence, Update
 
@@ -21,7 +20,8 @@ __all__ = ["Scheduler", "run_to_completion"]
 class Scheduler:
     """Admits, prefills, decodes and releases sequences on one Executor (module docstring).
 
-    Not thread-safe: one thread calls every method (the engine loop's, or the
+    ``config`` says how (:class:`~sf_trt.scheduler.config.SchedulerConfig`). Not
+    thread-safe: one thread calls every method (the engine loop's, or the
     Generator's caller). ``tokenizer`` (anything with ``stream(skip_special=...)``)
     is needed for text and stop strings.
     """
@@ -29,32 +29,15 @@ class Scheduler:
     def __init__(
         self,
         executor: Executor,
+        config: SchedulerConfig = SchedulerConfig(),
         *,
-        tick_tokens: int = 16,
-        prefill_chunk: int = 256,
-        prefill_budget: Optional[int] = None,
-        draft_config: Union[Any, Seq[Any], None] = None,
-        policy: Optional[DraftPolicy] = None,
         tokenizer: Any = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        for name, value in (("tick_tokens", tick_tokens), ("prefill_chunk", prefill_chunk), ("prefill_budget", prefill_budget or 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise StatusError(Status.BAD_ARGUMENT, f"Scheduler: {name} must be an int >= 1 (got {value!r})")
         self.executor = executor
         self.caps = executor.caps
-        self.tick_tokens = tick_tokens
-        self.prefill_chunk = prefill_chunk
-        self.prefill_budget = prefill_budget
-        configs = list(draft_config) if isinstance(draft_config, (list, tuple)) else [] if draft_config is None else [draft_config]
-        self.draft_configs: dict[str, Any] = {}
-        """Each drafter kind's configuration (kinds not named here: their defaults)."""
-        for config in configs:
-            kind = next((name for name, k in KINDS.items() if isinstance(config, k.config_type)), None)
-            if kind is None:
-                raise StatusError(Status.BAD_ARGUMENT, f"Scheduler: draft_config {type(config).__name__} is no drafter kind's config (kinds: {sorted(KINDS)})")
-            self.draft_configs[kind] = config
-        self.policy = policy if policy is not None else LoadAwareDrafting()
+        self.config = config
+        self.policy = config.policy
         self.tokenizer = tokenizer
         self.clock = clock
         self.can_speculate = bool(self.caps.verify_rows and self.caps.truncate_partial)
@@ -139,7 +122,7 @@ class Scheduler:
         the lanes of a kind share what it keeps across requests (the suffix corpus)."""
         kind = DRAFTERS[drafter]
         if kind not in self._slots:
-            self._slots[kind], _ = self.executor.register_strategy(kind, strategy_id(kind), bytes(32), 0, self.draft_configs.get(kind))
+            self._slots[kind], _ = self.executor.register_strategy(kind, strategy_id(kind), bytes(32), 0, self.config.draft_configs.get(kind))
         return self._slots[kind]
 
     def _slot(self, request: Request) -> int:
@@ -163,21 +146,21 @@ class Scheduler:
                        rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope)
             seq.admitted, seq.admitted_at = True, now
             self.running[seq.seq_id] = seq
-        budget = self.prefill_budget
+        budget = self.config.prefill_budget
         decoding = []
         for seq in self.running.values():
             left = seq.prompt_len - seq.prefilled_len
             if left and (budget is None or budget > 0):
-                n = min(self.prefill_chunk, left, budget if budget is not None else left)
+                n = min(self.config.prefill_chunk, left, budget if budget is not None else left)
                 plan.prefill(seq.seq_id, seq.prefilled_len, n)
                 seq.prefilled_len += n
                 if budget is not None:
                     budget -= n
             if seq.decoding:
                 decoding.append(seq)
-        asks = self.policy.plan(decoding, self.tick_tokens)
+        asks = self.policy.plan(decoding, self.config.tick_tokens)
         for seq in decoding:
-            n, max_draft = asks.get(seq.seq_id, (self.tick_tokens, None))
+            n, max_draft = asks.get(seq.seq_id, (self.config.tick_tokens, None))
             cap = seq.request.max_draft  # the request's own cap (0: none) within the policy's
             if cap and max_draft != 0:
                 max_draft = cap if max_draft is None else min(cap, max_draft)
