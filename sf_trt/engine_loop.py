@@ -28,9 +28,8 @@ import threading
 import time
 from typing import Any, AsyncIterator, Iterator, Optional, Protocol
 
-from .abi import Finish
-from .engine import TokenLogprobs
 from .executor import Executor, ExecutorConfig, check_prompt
+from .outputs import RequestOutput
 from .primitives import PrimitivesBase
 from .scheduler import FINISH_ERROR, Request, Scheduler, SchedulerConfig, Update
 
@@ -74,37 +73,9 @@ class LoopConfig:
             raise ValueError(f"LoopConfig: max_queued must be an int >= 0 (got {self.max_queued!r})")
 
 
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """What one tick added to one request. The last output of a stream has
-    ``finish != Finish.NONE``; counts and times are the request's so far."""
-
-    tokens: list[int]
-    text: Optional[str]
-    logprobs: Optional[TokenLogprobs]
-    finish: Finish
-    stop_reason: Optional[str | int]
-    error: Optional[str]
-    prompt_tokens: int
-    completion_tokens: int
-    proposed: int
-    accepted: int
-    drafts: int
-    arrival: float
-    first_token_at: Optional[float]
-    finished_at: Optional[float]
-
-    @property
-    def finished(self) -> bool:
-        return self.finish != Finish.NONE
-
-    @staticmethod
-    def of(update: Update) -> "Output":
-        s = update.seq
-        return Output(
-            list(update.tokens), update.text, update.logprobs, s.finish if update.finished else Finish.NONE, s.stop_reason,
-            s.error, s.prompt_len, len(s.tokens), s.proposed, s.accepted, s.drafts, s.arrival, s.first_token_at, s.finished_at,
-        )
+Output = RequestOutput
+"""What a :class:`RequestStream` yields: the one outward record, as deltas (one per
+step that changed the request; the last has ``finish != Finish.NONE``)."""
 
 
 class LoopObserver(Protocol):
@@ -335,13 +306,13 @@ class EngineLoop:
     def _refused(self, seq_id: int, error: str) -> tuple[int, Output]:
         """The one output of a request that never reached the scheduler."""
         now = time.perf_counter()
-        return seq_id, Output([], None, None, FINISH_ERROR, None, error, 0, 0, 0, 0, 0, now, None, now)
+        return seq_id, RequestOutput(seq_id, [], None, None, FINISH_ERROR, None, error, 0, 0, arrival=now, finished_at=now)
 
     def _deliver(self, updates: list) -> None:
         """Hand outputs to their streams (and the observer): scheduler updates or
         ``(seq_id, Output)`` pairs."""
         for item in updates:
-            seq_id, out = item if isinstance(item, tuple) else (item.seq.seq_id, Output.of(item))
+            seq_id, out = item if isinstance(item, tuple) else (item.seq.seq_id, item.seq.output(item))
             if self.observer is not None:
                 try:
                     self.observer.on_output(out)

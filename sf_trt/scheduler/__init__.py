@@ -31,10 +31,10 @@ adds), :mod:`.policy` (the drafting policy), :mod:`.config` (how it runs:
 from .config import SchedulerConfig
 from .policy import DraftPolicy, LoadAwareDrafting
 from .requests import DEFAULT_DRAFTER, DRAFTERS, FINISH_ERROR, Request, choice_key, strategy_id
-from .scheduler import Scheduler, run_to_completion
+from .scheduler import Scheduler
 from .sequence import Sequence, Update
 
 __all__ = [
     "Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "FINISH_ERROR", "choice_key", "Sequence", "Update",
-    "DraftPolicy", "LoadAwareDrafting", "SchedulerConfig", "Scheduler", "run_to_completion",
+    "DraftPolicy", "LoadAwareDrafting", "SchedulerConfig", "Scheduler",
 ]

@@ -14,7 +14,7 @@ from .config import SchedulerConfig
 from .requests import DRAFTERS, FINISH_ERROR, Request, strategy_id
 from .sequence import Sequence, Update
 
-__all__ = ["Scheduler", "run_to_completion"]
+__all__ = ["Scheduler"]
 
 
 class Scheduler:
@@ -230,11 +230,3 @@ class Scheduler:
                 del self.running[lane]
             self.executor.tick(plan)
         return updates
-
-
-def run_to_completion(scheduler: Scheduler, on_update: Optional[Callable[[Update], None]] = None) -> None:
-    """Step until nothing is waiting or running."""
-    while scheduler.has_work:
-        for update in scheduler.step():
-            if on_update is not None:
-                on_update(update)
