@@ -24,6 +24,10 @@ not the distribution asked for; far below it (float32 subnormals, under about
 FLOAT32_MAX = float(3.4028234663852886e38)
 
 
+TOP_LOGPROBS_MAX = 20
+"""The most alternatives a token's logprobs report (OpenAI's ``top_logprobs`` limit)."""
+
+
 class Status(enum.IntEnum):
     """Why a plan, a prompt or a registration was refused (``OK`` when it was not)."""
 

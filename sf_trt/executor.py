@@ -224,7 +224,6 @@ class Executor:
         self._grants: dict[int, Grant] = {}
         self._quarantined: dict[int, str] = {}  # slot -> why its release failed
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
-        self._logprobs_runner = None  # an OrtLogprobs, made when a lane first asks for logprobs
 
     # -- registration and prompts ---------------------------------------------------
 
@@ -434,6 +433,8 @@ class Executor:
         lp = op.logprobs
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= TOP_LOGPROBS_MAX):
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
+        if lp is not None and not self.caps.logprobs:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: this backend does not report logprobs (asked for {lp})")
         check_draft_scope(op.draft_scope, name)
         if free_after < 0:
             held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
@@ -552,13 +553,8 @@ class Executor:
 
     def _logprobs(self, logits: Any, drawn: np.ndarray, wanted: list, out: dict[int, _TickOut]) -> None:
         """Each emitted token's logprob and top alternatives, from the rows that drew it."""
-        if self._logprobs_runner is None:
-            from .backends.ort_logprobs import OrtLogprobs
-
-            self._logprobs_runner = OrtLogprobs(self.caps.vocab)
         rows = np.concatenate([np.arange(off, off + n) for _, off, n in wanted])
-        host = self._call("logprobs", [lane for lane, _, _ in wanted], self.primitives.logits_host, logits)
-        found = _FAULT if host is _FAULT else self._call("logprobs", [lane for lane, _, _ in wanted], self._logprobs_runner.run, host[rows], drawn[rows])
+        found = self._call("logprobs", [lane for lane, _, _ in wanted], self.primitives.logprobs, logits, rows, drawn[rows])
         if found is _FAULT:
             return
         lp, ids, top = found

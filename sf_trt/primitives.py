@@ -47,6 +47,9 @@ class Capabilities:
     """Bitmask of optional kernel capabilities on offer (0: none)."""
     top_k_limit: int = 1024
     """The largest ``top_k`` the verify-and-sample graph supports."""
+    logprobs: bool = False
+    """The backend reports each drawn token's logprob and the most likely alternatives
+    (:meth:`PrimitivesBase.logprobs`); lanes may ask for logprobs only then."""
 
 
 def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
@@ -211,6 +214,18 @@ class PrimitivesBase:
         self._check_lane("state_len", lane)
         return int(self._state_len[lane])
 
+    def logprobs(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For logit rows ``rows`` ``[n]`` of ``logits`` (a :meth:`forward` result) and the tokens
+        drawn from them ``[n]``: ``(logprob [n] float32, top_ids [n, N] int64, top_logprobs
+        [n, N] float32)``, ``N = min(vocab, TOP_LOGPROBS_MAX)`` alternatives in descending
+        order. Only when ``capabilities.logprobs``."""
+        if not self.capabilities.logprobs:
+            raise StatusError(Status.UNSUPPORTED, "logprobs: this backend does not report logprobs")
+        rows, tokens = _int_rows("rows", rows, "logprobs"), _int_rows("tokens", tokens, "logprobs")
+        if rows.shape != tokens.shape:
+            raise StatusError(Status.BAD_ARGUMENT, f"logprobs: {rows.size} rows and {tokens.size} tokens (expected one token per row)")
+        return self._logprobs_impl(logits, rows, tokens)
+
     def logits_host(self, logits: Any) -> np.ndarray:
         """Logits as a host numpy array ``[K, vocab]`` float32."""
         return np.asarray(logits)
@@ -243,6 +258,9 @@ class PrimitivesBase:
 
     def _release_impl(self, lane: int) -> None:
         self._truncate_impl(lane, 0)
+
+    def _logprobs_impl(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
 
     # -- checks ----------------------------------------------------------------
 

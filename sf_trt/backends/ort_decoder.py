@@ -49,6 +49,7 @@ import numpy as np
 from ..abi import Sampling, Status, StatusError
 from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from .ort_logprobs import HostLogprobs
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
@@ -89,7 +90,7 @@ def _bad(what: str) -> StatusError:
     return StatusError(Status.BAD_ARGUMENT, f"OrtDecoderPrimitives: {what}")
 
 
-class OrtDecoderPrimitives(PrimitivesBase):
+class OrtDecoderPrimitives(HostLogprobs, PrimitivesBase):
     """The exported decoder in ``model_dir`` on onnxruntime.
 
     ``max_lanes`` cache slots of ``max_context`` positions each (at most the
@@ -150,7 +151,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
             Capabilities(
                 vocab=cfg.vocab, eos=cfg.eos, max_lanes=int(max_lanes), max_context=int(max_context),
                 max_rows_per_pass=int(max_rows_per_pass), verify_rows=True, truncate_partial=True,
-                kernel_capabilities=0, top_k_limit=top_k_limit,
+                kernel_capabilities=0, top_k_limit=top_k_limit, logprobs=True,
             )
         )
         self.model_dir = model.path

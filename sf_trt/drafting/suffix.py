@@ -36,11 +36,10 @@ import itertools
 from typing import Iterable, Optional
 
 from ..abi import Status, StatusError
+from ..engine import DEFAULT_SCOPE
 from .automaton import SEP, SuffixAutomaton
 from .base import DraftCap, DrafterBase, check_draft_config
 
-DEFAULT_SCOPE = ""
-"""The scope of lanes that name none: requests of one local user share a corpus."""
 
 
 @dataclasses.dataclass(frozen=True)
