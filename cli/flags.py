@@ -10,13 +10,12 @@ from typing import Optional
 from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
 from sf_trt.backends import BACKENDS, names as backend_names
 from sf_trt.drafting import PromptLookupConfig
+from sf_trt.entrypoints.model import CONTEXT_STEP, DEFAULT_CONTEXT
 from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
 from sf_trt.scheduler import SchedulerConfig
 
 __all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "draft_policy", "scheduler_config", "CONTEXT_STEP", "DEFAULT_CONTEXT", "DRAFT_POLICIES"]
 
-CONTEXT_STEP = 256
-DEFAULT_CONTEXT = 2048
 DRAFT_POLICIES = ("load-aware", "always")
 """--draft-policy's choices: sf_trt.scheduler.LoadAwareDrafting, and DraftPolicy (drafts whenever the drafter finds one)."""
 

@@ -18,13 +18,14 @@ from typing import Any
 from .errors import CliError
 from .flags import add_model_flags, ranged
 from .serve_ray import add_ray_flags, resolve_ray_flags, run_serve_ray
-from .serve_state import FAKE_BACKEND, server_state
+from .serve_state import FAKE_BACKEND, serve_config
 
 __all__ = ["add_serve_parsers", "run_serve", "FAKE_BACKEND"]
 
 def add_serve_parsers(sub: Any) -> None:
     """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
     from sf_trt.engine_loop import LoopConfig
+    from sf_trt.entrypoints.serving import ServeConfig
     from sf_trt.scheduler import DRAFTERS, SchedulerConfig
 
     speculate_choices = ("none", *DRAFTERS)
@@ -53,8 +54,9 @@ def add_serve_parsers(sub: Any) -> None:
     s = p.add_argument_group("scheduling and speculation")
     s.add_argument("--speculate", choices=speculate_choices, default="prompt-lookup",
                    help="the default for requests that do not say (per request: \"sf_trt\": {\"speculate\": ...}); default prompt-lookup")
-    s.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=8,
-                   help="default most draft tokens per verify pass (per request: \"sf_trt\": {\"max_draft\": N}); default 8")
+    s.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=ServeConfig.max_draft,
+                   help="default most draft tokens per verify pass (per request: \"sf_trt\": {\"max_draft\": N}); "
+                   f"default {ServeConfig.max_draft}")
     s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=serving.tick_tokens,
                    help=f"tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default {serving.tick_tokens})")
     policy = serving.policy
@@ -90,9 +92,10 @@ def build_server(args):
     """``(uvicorn server, state)`` for ``args``; the model loads when the server starts."""
     import uvicorn
 
+    from sf_trt.entrypoints.serving import server_state
     from sf_trt.serve.app import create_app
 
-    state, loader = server_state(args)
+    state, loader = server_state(serve_config(args))
 
     class DrainingServer(uvicorn.Server):
         """uvicorn's server, draining the engine before it waits for connections to close."""
