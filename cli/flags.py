@@ -38,13 +38,15 @@ def ranged(kind, lo=None, hi=None, lo_open=False, what=""):
     return parse
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser, extra_backends: Optional[dict[str, str]] = None) -> None:
+    """The model and backend flags; ``extra_backends``: more ``--backend`` choices, name -> help."""
+    extra = extra_backends or {}
     g = p.add_argument_group("model")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--gguf", type=Path, help="a Llama-family GGUF file (exported to ONNX on first use, then reused)")
     src.add_argument("--model", type=Path, help="a model directory written by `sf-trt export`")
-    g.add_argument("--backend", choices=backend_names(), default="onnxruntime",
-                   help="; ".join(f"{b.name}: {b.summary}" for b in BACKENDS.values()))
+    g.add_argument("--backend", choices=(*backend_names(), *extra), default="onnxruntime",
+                   help="; ".join([*(f"{b.name}: {b.summary}" for b in BACKENDS.values()), *(f"{n}: {h}" for n, h in extra.items())]))
     g.add_argument("--engines", type=Path, default=Path("engines"),
                    help="with --backend tensorrt: the directory of engines and manifest.json (default engines/)")
     g.add_argument("--threads", type=ranged(int, 1, what="threads >= 1"), default=None,

@@ -72,11 +72,8 @@ def add_serve_parsers(sub: Any) -> None:
                    f"costs at the batch size, send none (default {policy.min_acceptance})")
     s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=serving.prefill_budget,
                    help=f"prompt tokens prefilled per tick across lanes, beside the decoding lanes (default {serving.prefill_budget})")
-    add_model_flags(p)
+    add_model_flags(p, {FAKE_BACKEND: "the copy-model fake with a byte tokenizer (tests and demos, no model)"})
     add_ray_flags(p)
-    backend = next(a for a in p._actions if a.dest == "backend")
-    backend.choices = (*backend.choices, FAKE_BACKEND)
-    backend.help += f"; {FAKE_BACKEND}: the copy-model fake with a byte tokenizer (tests and demos, no model)"
     p.add_argument_group("model").add_argument(
         "--fake-pass-ms", type=ranged(float, 0.0, 10_000.0, what="milliseconds in 0..10000"), default=0.0,
         help=f"with --backend {FAKE_BACKEND}: each forward pass also takes this long, a model's pace for scaling demos "

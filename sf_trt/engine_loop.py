@@ -173,6 +173,11 @@ class EngineLoop:
         return self._waiting
 
     @property
+    def started(self) -> bool:
+        """:meth:`start` was called."""
+        return self._thread is not None
+
+    @property
     def serving(self) -> bool:
         """Taking requests: started, not draining, not failed."""
         return self._thread is not None and self._thread.is_alive() and not self._draining and self.failure is None

@@ -182,7 +182,7 @@ class PrimitivesBase:
         """
         self._check_sample(logits, sample)
         tokens, match = self._verify_sample_impl(logits, sample)
-        fault = self._row_faults(logits, sample)
+        fault = self.row_faults(logits, sample)
         if fault.any():
             tokens = np.where(fault != 0, fault, tokens)
             match = match & (fault == 0)
@@ -308,7 +308,7 @@ class PrimitivesBase:
                 raise bad(Status.UNSUPPORTED, "this backend returns logits only at each lane's last row (verify_rows=False)")
         return lanes, positions, tokens, logit_rows
 
-    def _row_faults(self, logits: Any, sample: SampleRows) -> np.ndarray:
+    def row_faults(self, logits: Any, sample: SampleRows) -> np.ndarray:
         """int64 ``[K]``: each row's :class:`RowFault` code, 0 where the row is usable."""
         fault = np.zeros(sample.num_rows, np.int64)
         if not sample.num_rows:

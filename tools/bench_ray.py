@@ -24,8 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import ROOT, loadtest, start_server, stop_server  # noqa: E402
+from bench_serve import ROOT, loadtest, start_server, stop_server  # a sibling: the script's own folder is on sys.path
 
 
 def servers(cores: int) -> list[tuple[str, list[str]]]:

@@ -46,7 +46,7 @@ def main() -> None:
                 np.zeros(k, np.int64), np.arange(1, k + 1, dtype=np.int64), np.full(k, -1, np.int64),
             )
             t_sampler = best_of(lambda: sampler.run(logits, sample))
-            t_check = best_of(lambda: seam._row_faults(logits, sample))
+            t_check = best_of(lambda: seam.row_faults(logits, sample))
             print(f"rows {k:2d} {name}: sampler {t_sampler * 1e3:7.3f} ms, row check {t_check * 1e3:.3f} ms ({t_check / t_sampler:.1%})")
 
 

@@ -34,32 +34,23 @@ CASES = {
 
 def capture(path: Path, max_tokens: int, threads: int) -> None:
     """Decode every bench prompt sampled and save the logits rows the sampler was given."""
-    from sf_trt.cli import build_parser
-    from sf_trt.cli.flags import sampling
-    from sf_trt.cli.generate import generator
-    from sf_trt.cli.launch import open_backend, resolve
-    from sf_trt.generate import Request
+    import sf_trt
 
-    argv = ["generate", "--chat", "-", "--ignore-eos", "--max-tokens", str(max_tokens), "--threads", str(threads),
-            "--temperature", "0.8", "--top-p", "0.95", "--seed", "1"]
-    cli_args = build_parser().parse_args(argv)
-    model = resolve(cli_args, progress=False)
-    mode, params = sampling(cli_args)
-    prims = open_backend(cli_args, model, max_lanes=1, max_context=1024)
+    llm = sf_trt.LLM(threads=threads, max_context=1024, max_num_seqs=1, speculate="none")
+    params = sf_trt.SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, flags=sf_trt.SamplingFlag.IGNORE_EOS)
     rows_seen = []
-    run = prims._sampler.run
 
-    def keep_rows(logits, sample):
-        rows_seen.append(np.array(logits, np.float32))
-        return run(logits, sample)
+    def recorder(run):
+        def keep_rows(logits, sample):
+            rows_seen.append(np.array(logits, np.float32))
+            return run(logits, sample)
+        return keep_rows
 
-    prims._sampler.run = keep_rows
-    gen = generator(prims, cli_args)
+    llm.primitives.instrument(sampler_run=recorder)
     for line in PROMPTS.read_text().splitlines():
         if line.strip():
-            ids = model.tokenizer.encode_chat(json.loads(line)["messages"], add_generation_prompt=True)
-            gen.run([Request(ids, mode, params, seed=1, speculate=False)])
-    prims.close()
+            llm.chat(json.loads(line)["messages"], params, seed=1)
+    llm.close()
     np.save(path, np.concatenate(rows_seen))
     print(f"{sum(len(r) for r in rows_seen)} rows saved to {path}")
 

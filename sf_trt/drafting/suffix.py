@@ -221,6 +221,11 @@ class SuffixDrafter(DrafterBase):
             self._corpus.touch(scope)
         self.extend(history)
 
+
+    @property
+    def own(self) -> SuffixAutomaton:
+        """The automaton of this lane's own tokens (read by benchmarks and tests)."""
+        return self._own
     def _generations(self) -> list[Generation]:
         return self._corpus.generations(self._scope) if self._corpus is not None else []
 

@@ -64,7 +64,7 @@ def _lifespan(state: ServerState, loader: Optional[Loader]):
 
             thread = threading.Thread(target=load, name="sf_trt-load", daemon=True)
             thread.start()
-        elif state.engine is not None and state.engine._thread is None:
+        elif state.engine is not None and not state.engine.started:
             state.engine.start()
         try:
             yield
