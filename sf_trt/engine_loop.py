@@ -28,10 +28,11 @@ import threading
 import time
 from typing import Any, AsyncIterator, Iterator, Optional, Protocol
 
+from .abi import Finish
 from .executor import Executor, ExecutorConfig, check_prompt
 from .outputs import RequestOutput
 from .primitives import PrimitivesBase
-from .scheduler import FINISH_ERROR, Request, Scheduler, SchedulerConfig, Update
+from .scheduler import Request, Scheduler, SchedulerConfig, Update
 
 __all__ = ["SHUTDOWN_ERROR", "LoopConfig", "Output", "RequestStream", "EngineLoop", "LoopObserver", "Overloaded", "NotServing"]
 
@@ -311,7 +312,7 @@ class EngineLoop:
     def _refused(self, seq_id: int, error: str) -> tuple[int, Output]:
         """The one output of a request that never reached the scheduler."""
         now = time.perf_counter()
-        return seq_id, RequestOutput(seq_id, [], None, None, FINISH_ERROR, None, error, 0, 0, arrival=now, finished_at=now)
+        return seq_id, RequestOutput(seq_id, [], None, None, Finish.ERROR, None, error, 0, 0, arrival=now, finished_at=now)
 
     def _deliver(self, updates: list) -> None:
         """Hand outputs to their streams (and the observer): scheduler updates or
@@ -351,7 +352,7 @@ class EngineLoop:
         updates = []
         sched = self.scheduler
         for seq in list(sched.waiting) + list(sched.running.values()):
-            updates.append(seq.end(FINISH_ERROR, time.perf_counter(), error))
+            updates.append(seq.end(Finish.ERROR, time.perf_counter(), error))
         sched.waiting.clear()
         sched.running.clear()
         with self._cond:

@@ -18,11 +18,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from .executor import Executor, ExecutorConfig
 from .outputs import RequestOutput
 from .primitives import PrimitivesBase
-from .scheduler import Request, Scheduler, SchedulerConfig, choice_key, strategy_id
+from .scheduler import Request, Scheduler, SchedulerConfig, choice_key
 
-__all__ = ["Generator", "Request", "Result", "choice_key", "STRATEGY_ID"]
-
-STRATEGY_ID = strategy_id("prompt_lookup")
+__all__ = ["Generator", "Request", "Result", "choice_key"]
 
 
 Result = RequestOutput

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.generate import Generator
-from sf_trt.scheduler import FINISH_ERROR, DraftPolicy, LoadAwareDrafting, Request, Sequence, choice_key
+from sf_trt.scheduler import DraftPolicy, LoadAwareDrafting, Request, Sequence, choice_key
 from sf_trt.tokenizer import ByteTokenizer
 
 from fakes import POISON, FaultyFake
@@ -269,7 +269,7 @@ def test_choices_of_one_seed_are_independent_streams():
 def test_a_tick_that_raises_fails_its_requests_with_an_error_and_the_scheduler_goes_on():
     g = Generator(FaultyFake(CFG), tokenizer=TOK)
     res = g.run([Request([1, 2, POISON, 3], params=SamplingParams(max_tokens=8))])
-    assert res[0].finish == FINISH_ERROR and "injected fault: poisoned row" in res[0].error
+    assert res[0].finish == Finish.ERROR and "injected fault: poisoned row" in res[0].error
     assert not g.scheduler.has_work and g.executor.lanes == []  # nothing held afterwards
     ok = g.run([Request([1, 2, 3], params=SamplingParams(max_tokens=8))])
     assert ok[0].finish == Finish.LENGTH and len(ok[0].tokens) == 8

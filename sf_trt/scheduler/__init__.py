@@ -30,11 +30,11 @@ adds), :mod:`.policy` (the drafting policy), :mod:`.config` (how it runs:
 
 from .config import SchedulerConfig
 from .policy import DraftPolicy, LoadAwareDrafting
-from .requests import DEFAULT_DRAFTER, DRAFTERS, FINISH_ERROR, Request, choice_key, strategy_id
+from .requests import DEFAULT_DRAFTER, DRAFTERS, Request, choice_key, strategy_id
 from .scheduler import Scheduler
 from .sequence import Sequence, Update
 
 __all__ = [
-    "Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "FINISH_ERROR", "choice_key", "Sequence", "Update",
+    "Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "choice_key", "Sequence", "Update",
     "DraftPolicy", "LoadAwareDrafting", "SchedulerConfig", "Scheduler",
 ]

@@ -11,7 +11,7 @@ from ..abi import Finish, Status, StatusError
 from ..engine import Events, Plan
 from ..executor import Executor, check_draft_scope
 from .config import SchedulerConfig
-from .requests import DRAFTERS, FINISH_ERROR, Request, strategy_id
+from .requests import DRAFTERS, Request, strategy_id
 from .sequence import Sequence, Update
 
 __all__ = ["Scheduler"]
@@ -92,7 +92,7 @@ class Scheduler:
     def abort(self, seq_id: int, error: Optional[str] = None) -> Optional[Update]:
         """End a waiting or running sequence now (``Finish.ABORTED``, or ``ERROR`` with
         ``error``); its lane is released. None when no such sequence is live."""
-        finish = Finish.ABORTED if error is None else FINISH_ERROR
+        finish = Finish.ABORTED if error is None else Finish.ERROR
         for seq in self.waiting:
             if seq.seq_id == seq_id:
                 self.waiting.remove(seq)
