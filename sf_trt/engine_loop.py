@@ -188,10 +188,14 @@ class EngineLoop:
         check_prompt(request.prompt_ids, self.caps)
         self.scheduler.check(request)  # reads only the capabilities and the tokenizer
 
-    def submit(self, request: Request, request_id: Optional[str] = None) -> RequestStream:
+    def submit(self, request: Request, request_id: Optional[str] = None, *, checked: bool = False) -> RequestStream:
         """Queue ``request``; its stream. Raises StatusError (a bad request),
-        :class:`Overloaded` (the queue is full) or :class:`NotServing`."""
-        self.check(request)
+        :class:`Overloaded` (the queue is full) or :class:`NotServing`. A request is
+        checked once, here at the door (:meth:`check`), or before by the caller
+        (``checked=True``: the server checks every choice of a job before it submits
+        any); the loop thread queues it without checking it again."""
+        if not checked:
+            self.check(request)
         with self._cond:
             if not self.serving:
                 raise NotServing(self._not_serving_reason())
@@ -290,7 +294,7 @@ class EngineLoop:
             if kind == "add":
                 request, seq_id, arrival = arg
                 try:
-                    self.scheduler.add(request, seq_id, arrival)
+                    self.scheduler.add(request, seq_id, arrival, checked=True)
                 except Exception as exc:  # noqa: BLE001 - checked at submit; anything left ends this request only
                     updates.append(self._refused(seq_id, f"{type(exc).__name__}: {exc}"))
             else:

@@ -167,3 +167,19 @@ def test_a_failed_tick_ends_its_requests_with_an_error_and_the_loop_goes_on():
         prims.broken = False
         again, _, fine = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
         assert fine.finish == Finish.LENGTH and again == tokens and loop.serving
+
+
+def test_a_request_is_checked_once_on_its_way_in(monkeypatch):
+    """The door (EngineLoop.check, or the caller's check with checked=True) checks a request;
+    the loop thread queues it without checking it again."""
+    from sf_trt.scheduler import Scheduler
+
+    calls = []
+    real = Scheduler.check
+    monkeypatch.setattr(Scheduler, "check", lambda self, request, name="request": calls.append(name) or real(self, request, name))
+    with EngineLoop(FakePrimitives(CFG), tokenizer=TOK) as loop:
+        outs = list(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=4), speculate=False)))
+        assert outs[-1].finished and len(calls) == 1
+        loop.check(req := Request([4, 5, 6], params=SamplingParams(max_tokens=4), speculate=False))
+        outs = list(loop.submit(req, checked=True))
+        assert outs[-1].finished and len(calls) == 2

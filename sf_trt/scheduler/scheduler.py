@@ -76,10 +76,13 @@ class Scheduler:
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
 
-    def add(self, request: Request, seq_id: int, arrival: Optional[float] = None, name: str = "request") -> Sequence:
+    def add(self, request: Request, seq_id: int, arrival: Optional[float] = None, name: str = "request", *,
+            checked: bool = False) -> Sequence:
         """Queue ``request`` as sequence (and lane) ``seq_id``; refused requests raise
-        StatusError (its message names the request as ``name``)."""
-        self.check(request, name)
+        StatusError (its message names the request as ``name``). ``checked``: the caller
+        ran :meth:`check` on it already (the engine loop's door), so it is not run twice."""
+        if not checked:
+            self.check(request, name)
         if seq_id in self.running or any(s.seq_id == seq_id for s in self.waiting):
             raise StatusError(Status.LANE_ALREADY_ADMITTED, f"add: sequence {seq_id} is already queued or running")
         prompt_id = self.executor.register_prompt(list(request.prompt_ids))
