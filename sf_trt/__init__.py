@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from .abi import CertMode, Exactness, Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from .version import __version__
 
-__version__ = "0.1.0"
 
 _LAZY = ("LLM", "ModelSpec", "BackendSpec", "SchedulerConfig", "RequestOutput")
 """Names imported on first use (so ``import sf_trt`` stays light)."""
 
-__all__ = ["CertMode", "Exactness", "Finish", "Sampling", "SamplingFlag", "SamplingParams", "Status", "StatusError", *_LAZY]
+__all__ = ["__version__", "CertMode", "Exactness", "Finish", "Sampling", "SamplingFlag", "SamplingParams", "Status", "StatusError", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -30,7 +30,7 @@ ENTRY = ("sf_trt", "sf_trt.entrypoints")
 itself (its ``__init__``: the front door that names ``sf_trt.LLM``)."""
 
 INNER = (
-    ("abi",),
+    ("abi", "version"),
     ("formats", "tokenizer", "models"),
     ("graphs",),
     ("engine", "primitives", "outputs"),
@@ -82,6 +82,7 @@ def imports_of(name: str, path: Path, mods: dict) -> set[str]:
     """The known modules ``name`` (at ``path``) imports, anywhere in the file."""
     is_package = path.name == "__init__.py"
     found = set()
+    named = set()  # packages this file takes a name from that is no module (their __init__'s own)
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
@@ -93,11 +94,14 @@ def imports_of(name: str, path: Path, mods: dict) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods}
+            if any(f"{base}.{a.name}" not in mods for a in node.names):
+                named.add(base)
     resolved = set()
     for target in found:
         while target and target not in mods:
             target = target.rpartition(".")[0]
-        if target and target != name and not name.startswith(target + "."):  # a parent package is no arrow
+        # a parent package is no arrow, unless a name of its own __init__ is taken from it
+        if target and target != name and (not name.startswith(target + ".") or target in named):
             resolved.add(target)
     return resolved
 
@@ -167,7 +171,10 @@ def test_the_check_catches_a_planted_arrow_and_a_planted_circle(tmp_path):
     abi.write_text(abi.read_text() + "\nfrom . import engine  # planted: engine imports abi\n")
     files = tmp_path / "sf_trt" / "formats" / "files.py"
     files.write_text(files.read_text() + "\n\ndef _planted():\n    from ..executor import Executor  # planted: lazy, up the inner order\n")
+    primitives = tmp_path / "sf_trt" / "primitives.py"
+    primitives.write_text(primitives.read_text() + "\nfrom . import LLM  # planted: a name of the package's door\n")
     found = violations(tmp_path)
+    assert "sf_trt/primitives.py (sf_trt.primitives) imports sf_trt: an arrow up from layer 0 to 2" in found
     assert "sf_trt/executor.py (sf_trt.executor) imports sf_trt.export.pipeline: an arrow up from layer 0 to 1" in found
     assert ("sf_trt/formats/files.py (sf_trt.formats.files) imports sf_trt.executor: an arrow up inside the runtime, "
             "from formats/tokenizer/models to executor/testing/faults") in found

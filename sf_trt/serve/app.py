@@ -32,7 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .. import __version__
+from ..version import __version__
 from .errors import ApiError, choice_failure, validation_error
 from .jobs import Job, abort_job, collect_job, submit_job
 from .rendering import json_body, sse_body

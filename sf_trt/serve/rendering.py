@@ -7,7 +7,7 @@ import contextlib
 import json
 from typing import Any, AsyncIterator, Optional
 
-from .. import __version__
+from ..version import __version__
 from ..engine import TokenLogprobs
 from ..outputs import finish_reason
 from .errors import choice_failure
