@@ -480,9 +480,9 @@ class Executor:
         while slots_all.size:
             rows = Rows(slots_all[:n], pos_all[:n], tok_all[:n], no_logits)
             slots_all, pos_all, tok_all = slots_all[n:], pos_all[n:], tok_all[n:]
-            lanes = [by_slot[slot] for slot in dict.fromkeys(rows.lanes.tolist())]
+            lanes = [by_slot[slot] for slot in dict.fromkeys(rows.slots.tolist())]
             if self._call("prefill forward", lanes, self.primitives.forward, rows) is _FAULT:
-                left = ~np.isin(slots_all, rows.lanes)
+                left = ~np.isin(slots_all, rows.slots)
                 slots_all, pos_all, tok_all = slots_all[left], pos_all[left], tok_all[left]
 
     # -- decode ----------------------------------------------------------------------------------

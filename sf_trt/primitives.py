@@ -65,20 +65,20 @@ def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
 class Rows:
     """The packed rows of one forward pass, lanes in any order.
 
-    Shapes: ``lanes``, ``positions``, ``tokens``: ``[R]`` int64 (slot, absolute
-    position, token id); ``logit_rows``: ``[K]`` int64 indices into the R rows
-    whose logits the pass returns, in that order. A lane's rows are consecutive
-    positions starting at its ``state_len``, in ascending order.
+    Shapes: ``slots``, ``positions``, ``tokens``: ``[R]`` int64 (the lane's state slot
+    in ``0..max_lanes-1``, absolute position, token id); ``logit_rows``: ``[K]`` int64
+    indices into the R rows whose logits the pass returns, in that order. A lane's rows
+    are consecutive positions starting at its slot's ``state_len``, in ascending order.
     """
 
-    lanes: np.ndarray
+    slots: np.ndarray
     positions: np.ndarray
     tokens: np.ndarray
     logit_rows: np.ndarray
 
     @property
     def num_rows(self) -> int:
-        return int(self.lanes.shape[0])
+        return int(self.slots.shape[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +272,7 @@ class PrimitivesBase:
 
     def _check_rows(self, rows: Rows) -> tuple[np.ndarray, ...]:
         caps = self.capabilities
-        lanes = _int_rows("lanes", rows.lanes, "forward")
+        lanes = _int_rows("slots", rows.slots, "forward")
         positions = _int_rows("positions", rows.positions, "forward")
         tokens = _int_rows("tokens", rows.tokens, "forward")
         logit_rows = _int_rows("logit_rows", rows.logit_rows, "forward")
@@ -282,7 +282,7 @@ class PrimitivesBase:
             return StatusError(status, f"forward: {what}")
 
         if positions.shape[0] != n or tokens.shape[0] != n:
-            raise bad(Status.BAD_ARGUMENT, f"lanes, positions, tokens differ in length ({n}, {positions.shape[0]}, {tokens.shape[0]})")
+            raise bad(Status.BAD_ARGUMENT, f"slots, positions, tokens differ in length ({n}, {positions.shape[0]}, {tokens.shape[0]})")
         if n > caps.max_rows_per_pass:
             raise bad(Status.CAPACITY_EXHAUSTED, f"{n} rows exceed max_rows_per_pass {caps.max_rows_per_pass}")
         if n and (lanes.min() < 0 or lanes.max() >= caps.max_lanes):

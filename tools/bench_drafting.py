@@ -235,11 +235,11 @@ def replay_primitives(streams: list[dict], vocab: int, eos: int, max_lanes: int,
 
         def _forward_impl(self, rows: Rows):
             hashes = self._hash
-            for lane, pos, tok in zip(rows.lanes.tolist(), rows.positions.tolist(), rows.tokens.tolist()):
+            for lane, pos, tok in zip(rows.slots.tolist(), rows.positions.tolist(), rows.tokens.tolist()):
                 prev = int(hashes[lane, pos - 1]) if pos else 0
                 hashes[lane, pos] = (prev * 1_000_003 + tok + 1) % mod
             self._next = [table.get(int(hashes[lane, pos]), 0) for lane, pos in
-                          zip(rows.lanes[rows.logit_rows].tolist(), rows.positions[rows.logit_rows].tolist())]
+                          zip(rows.slots[rows.logit_rows].tolist(), rows.positions[rows.logit_rows].tolist())]
             return np.broadcast_to(np.zeros(1, np.float32), (len(self._next), vocab))
 
         def _verify_sample_impl(self, logits, sample):

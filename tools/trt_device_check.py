@@ -333,8 +333,8 @@ def replay_equals_eager(make_prims: Callable[[bool], Any], vocab: int) -> str:
 
 def seed_contract(make_primitives: Callable[[Any], Any], label: str) -> str:
     """tests/test_prompt_lookup.py with its FakePrimitives replaced by ``make_primitives(cfg)``."""
-    spec = importlib.util.spec_from_file_location("test_prompt_lookup", ROOT / "tests" / "test_prompt_lookup.py")
-    seed = importlib.util.module_from_spec(spec)  # a module of its own: nothing else imports it
+    spec = importlib.util.spec_from_file_location("sf_trt_seed_contract", ROOT / "tests" / "test_prompt_lookup.py")
+    seed = sys.modules["sf_trt_seed_contract"] = importlib.util.module_from_spec(spec)  # a copy of its own (dataclasses look it up)
     spec.loader.exec_module(seed)
     tests = [(n, f) for n, f in vars(seed).items() if n.startswith("test_") and callable(f)]
     failed = []

@@ -93,12 +93,12 @@ class FakePrimitives(HostLogprobs, PrimitivesBase):
     def _forward_impl(self, rows: Rows) -> np.ndarray:
         if self.config.pass_delay_s > 0:
             time.sleep(self.config.pass_delay_s)
-        self._history[rows.lanes, rows.positions] = rows.tokens
+        self._history[rows.slots, rows.positions] = rows.tokens
         if rows.logit_rows.size == 0:
             return np.zeros((0, self.capabilities.vocab), np.float32)
         (logits,) = self._model.run(
             None,
-            {"history": self._history, "lanes": rows.lanes[rows.logit_rows], "positions": rows.positions[rows.logit_rows]},
+            {"history": self._history, "lanes": rows.slots[rows.logit_rows], "positions": rows.positions[rows.logit_rows]},
         )
         return logits
 

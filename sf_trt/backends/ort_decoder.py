@@ -256,9 +256,9 @@ class OrtDecoderPrimitives(HostLogprobs, PrimitivesBase):
         if rows.num_rows == 0:
             return logits.rows(inverse)
         # group rows by lane, lanes in order of first appearance
-        lane_order, first = np.unique(rows.lanes, return_index=True)
+        lane_order, first = np.unique(rows.slots, return_index=True)
         lane_order = lane_order[np.argsort(first, kind="stable")]
-        lane_rows = [np.flatnonzero(rows.lanes == lane) for lane in lane_order]
+        lane_rows = [np.flatnonzero(rows.slots == lane) for lane in lane_order]
         wanted = np.full(rows.num_rows, -1, np.int64)  # row -> its place in logit_rows
         wanted[unique_rows] = np.arange(unique_rows.shape[0])
         for group in self._plan_runs([r.shape[0] for r in lane_rows]):
