@@ -76,17 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     prims = BackendSpec(threads=args.threads).open(model.model_dir.path, max_lanes=args.lanes, max_context=window)
     requests = [Request(ids, mode, params, seed=seed, speculate=args.speculate) for ids in prompts]
 
-    timers = {}
-
-    def timed(name: str):
-        def wrap(fn: Callable) -> _Timed:
-            timers[name] = _Timed(fn)
-            return timers[name]
-        return wrap
-
-    # onnxruntime's decoder run, nothing around it; the verify-and-sample graph's runs, with their feeds
-    prims.instrument(decoder_run=timed("pass"), sampler_run=timed("sampler"))
-    pass_timer, sampler_timer = timers["pass"], timers["sampler"]
+    pass_timer, sampler_timer = _timers(prims)
 
     gen = Generator(prims)
     gen.run([Request(prompts[0][:32], mode, params, seed=seed, speculate=False)])  # warm up
@@ -126,6 +116,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.cprofile)
         print(text.getvalue())
     prims.close()
+
+
+def _timers(prims) -> tuple[_Timed, _Timed]:
+    """Timers around onnxruntime's decoder run (nothing around it) and the verify-and-sample
+    graph's runs (with their feeds), through the decoder's profiling hook."""
+    timers = {}
+
+    def timed(name: str) -> Callable:
+        def wrap(fn: Callable) -> _Timed:
+            timers[name] = _Timed(fn)
+            return timers[name]
+        return wrap
+
+    prims.instrument(decoder_run=timed("pass"), sampler_run=timed("sampler"))
+    return timers["pass"], timers["sampler"]
 
 
 def _op_profile(prims, threads: int, lanes: int, window: int, position: int) -> dict:
