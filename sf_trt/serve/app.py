@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from ..version import __version__
 from .errors import ApiError, choice_failure, http_error, validation_error
 from .guard import Guard, parse_body, read_body
 from .jobs import Job, abort_job, check_model, collect_job, submit_job
@@ -75,7 +75,7 @@ def _lifespan(state: ServerState, loader: Optional[Loader]):
 
             thread = threading.Thread(target=load, name="sf_trt-load", daemon=True)
             thread.start()
-        elif state.engine is not None and state.engine._thread is None:
+        elif state.engine is not None and not state.engine.started:
             state.engine.start()
         try:
             yield

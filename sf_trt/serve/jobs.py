@@ -252,7 +252,7 @@ def submit_job(state: ServerState, job: Job) -> None:
         )
     try:
         for c in job.choices:
-            c.stream = engine.submit(c.request, request_id=f"{job.id}-{c.index}")
+            c.stream = engine.submit(c.request, request_id=f"{job.id}-{c.index}", checked=True)  # Job._build checked it
     except (StatusError, Overloaded, NotServing) as exc:
         abort_job(state, job)
         raise refusal(exc) from None

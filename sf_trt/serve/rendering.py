@@ -7,11 +7,11 @@ import contextlib
 import json
 from typing import Any, AsyncIterator, Optional
 
-from .. import __version__
+from ..version import __version__
 from ..engine import TokenLogprobs
+from ..outputs import finish_reason
 from .errors import choice_failure
 from .jobs import Choice, Job, abort_job, job_outputs, take_output
-from .metrics import finish_reason
 from .state import ServerState
 
 __all__ = ["json_body", "sse_body"]

@@ -15,7 +15,7 @@ from sf_trt.abi import Sampling, SamplingParams
 from sf_trt.engine_loop import LoopConfig
 from sf_trt.fake import FakePrimitives
 from sf_trt.generate import Generator
-from sf_trt.scheduler import DraftPolicy, Request, choice_key
+from sf_trt.scheduler import DraftPolicy, Request, SchedulerConfig, choice_key
 
 from servers import FAKE, TOK, POISON, FaultyFake, SlowFake, live_server, wait_for
 
@@ -83,7 +83,7 @@ def test_every_drafter_gives_the_plain_answer_and_the_suffix_corpus_is_scoped_by
     a request drafts from the same user's earlier ones, never from another user's. (The
     policy drafts every tick here, so the drafts depend on the corpus alone.)"""
     prompt = "a quick brown fox jumps over a lazy dog; then it naps by the old oak tree"
-    with live_server(config=LoopConfig(policy=DraftPolicy())) as live, \
+    with live_server(config=LoopConfig(scheduler=SchedulerConfig.serving(policy=DraftPolicy()))) as live, \
             openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=30, max_retries=0) as client:
         _check_drafters_and_scopes(client, prompt)
 
