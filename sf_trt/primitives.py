@@ -285,16 +285,9 @@ class PrimitivesBase:
 
     def _adjust_impl(self, logits: Any, adjust: LogitAdjust) -> Any:
         """The logits with ``adjust``'s rows adjusted, as a new array (``logits`` unchanged).
-        This one runs the adjust graph on onnxruntime over the host's copy of the rows; a
-        backend whose logits live on a device may run it there."""
-        if getattr(self, "_adjuster", None) is None:
-            from .backends.ort_adjust import OrtLogitAdjust  # onnx and a session only once a lane adjusts
-
-            self._adjuster = OrtLogitAdjust(self.capabilities.vocab)
-        host = self.logits_host(logits)
-        out = np.array(host, np.float32)  # a plain copy: no pass-form greedy tokens ride along
-        out[adjust.rows] = self._adjuster.run(host[adjust.rows], adjust)
-        return out
+        The backends mix in :class:`~sf_trt.backends.ort_adjust.HostLogitAdjust` (the adjust
+        graph on the host); a backend without it refuses adjusted rows."""
+        raise StatusError(Status.UNSUPPORTED, "verify_sample: this backend cannot adjust logits (penalties, logit_bias, min_tokens)")
 
     def _forward_impl(self, rows: Rows) -> Any:
         raise NotImplementedError

@@ -20,6 +20,7 @@ import numpy as np
 from ..abi import Status, StatusError
 from ..graphs.copy_model import build_copy_graph
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from .ort_adjust import HostLogitAdjust
 from .ort_logprobs import HostLogprobs
 from .ort_sampler import OrtVerifySampler
 from .ort_session import open_session
@@ -56,7 +57,7 @@ class FakeConfig:
     pass_delay_s: float = 0.0
 
 
-class FakePrimitives(HostLogprobs, PrimitivesBase):
+class FakePrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The fake model behind the Primitives protocol."""
 
     def __init__(self, cfg: FakeConfig = FakeConfig()) -> None:

@@ -49,6 +49,7 @@ import numpy as np
 from ..abi import Sampling, Status, StatusError
 from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_GRAPH_FILE, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from .ort_adjust import HostLogitAdjust
 from .ort_logprobs import HostLogprobs
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
@@ -90,7 +91,7 @@ def _bad(what: str) -> StatusError:
     return StatusError(Status.BAD_ARGUMENT, f"OrtDecoderPrimitives: {what}")
 
 
-class OrtDecoderPrimitives(HostLogprobs, PrimitivesBase):
+class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The exported decoder in ``model_dir`` on onnxruntime.
 
     ``max_lanes`` cache slots of ``max_context`` positions each (at most the

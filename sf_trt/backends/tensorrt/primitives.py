@@ -42,6 +42,7 @@ from ...graphs.verify import MATCH as VERIFY_MATCH
 from ...graphs.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS
 from ...graphs.verify import TOKENS as VERIFY_TOKENS
 from ...primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from ..ort_adjust import HostLogitAdjust
 from ..ort_logprobs import HostLogprobs
 from .adapters import COPY_STATE, DECODER_INPUTS, CopyModel, Decoder
 from .buffers import BufferPlan, numpy_dtype
@@ -53,7 +54,7 @@ from .runners import EngineRunner, OrtRunner, TrtRunner
 __all__ = ["TensorRTPrimitives"]
 
 
-class TensorRTPrimitives(HostLogprobs, PrimitivesBase):
+class TensorRTPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The copy model (the TensorRT fake) or a decoder, and the verify-and-sample
     graph, as engines behind the Primitives protocol.
 
