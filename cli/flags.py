@@ -10,13 +10,12 @@ from typing import Optional
 from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
 from sf_trt.backends import BACKENDS, names as backend_names
 from sf_trt.drafting import PromptLookupConfig
+from sf_trt.entrypoints.model import CONTEXT_STEP, DEFAULT_CONTEXT
 from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
-from sf_trt.generate import DEFAULT_TICK_TOKENS
+from sf_trt.scheduler import SchedulerConfig
 
-__all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "draft_policy", "CONTEXT_STEP", "DEFAULT_CONTEXT", "DRAFT_POLICIES"]
+__all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "draft_policy", "scheduler_config", "CONTEXT_STEP", "DEFAULT_CONTEXT", "DRAFT_POLICIES"]
 
-CONTEXT_STEP = 256
-DEFAULT_CONTEXT = 2048
 DRAFT_POLICIES = ("load-aware", "always")
 """--draft-policy's choices: sf_trt.scheduler.LoadAwareDrafting, and DraftPolicy (drafts whenever the drafter finds one)."""
 
@@ -39,13 +38,15 @@ def ranged(kind, lo=None, hi=None, lo_open=False, what=""):
     return parse
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser, extra_backends: Optional[dict[str, str]] = None) -> None:
+    """The model and backend flags; ``extra_backends``: more ``--backend`` choices, name -> help."""
+    extra = extra_backends or {}
     g = p.add_argument_group("model")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--gguf", type=Path, help="a Llama-family GGUF file (exported to ONNX on first use, then reused)")
     src.add_argument("--model", type=Path, help="a model directory written by `sf-trt export`")
-    g.add_argument("--backend", choices=backend_names(), default="onnxruntime",
-                   help="; ".join(f"{b.name}: {b.summary}" for b in BACKENDS.values()))
+    g.add_argument("--backend", choices=(*backend_names(), *extra), default="onnxruntime",
+                   help="; ".join([*(f"{b.name}: {b.summary}" for b in BACKENDS.values()), *(f"{n}: {h}" for n, h in extra.items())]))
     g.add_argument("--engines", type=Path, default=Path("engines"),
                    help="with --backend tensorrt: the directory of engines and manifest.json (default engines/)")
     g.add_argument("--threads", type=ranged(int, 1, what="threads >= 1"), default=None,
@@ -92,8 +93,8 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[
                    help="load-aware (default): a lane drafts while its drafts are taken often enough to pay for their rows, "
                    "and no lane drafts in a batch of 5 or more; always: every pass carries whatever draft the drafter finds. "
                    "Neither changes a token")
-    g.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=DEFAULT_TICK_TOKENS,
-                   help=f"tokens each lane is asked for per tick (default {DEFAULT_TICK_TOKENS})")
+    g.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=SchedulerConfig.tick_tokens,
+                   help=f"tokens each lane is asked for per tick (default {SchedulerConfig.tick_tokens})")
 
 
 def draft_policy(args: argparse.Namespace):
@@ -101,6 +102,13 @@ def draft_policy(args: argparse.Namespace):
     from sf_trt.scheduler import DraftPolicy, LoadAwareDrafting
 
     return LoadAwareDrafting() if args.draft_policy == "load-aware" else DraftPolicy()
+
+
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    """The batch scheduler configuration the flags ask for (draft length, tokens per tick, policy)."""
+    from sf_trt.drafting import PromptLookupConfig
+
+    return SchedulerConfig(tick_tokens=args.tick_tokens, draft_config=PromptLookupConfig(max_draft=args.max_draft), policy=draft_policy(args))
 
 
 def sampling(args: argparse.Namespace) -> tuple[Sampling, SamplingParams]:

@@ -37,6 +37,10 @@ STOP_TOKEN_IDS_MAX = 256
 """The most ``stop_token_ids`` one ``SamplingParams`` may hold."""
 
 
+TOP_LOGPROBS_MAX = 20
+"""The most alternatives a token's logprobs report (OpenAI's ``top_logprobs`` limit)."""
+
+
 class Status(enum.IntEnum):
     """Why a plan, a prompt or a registration was refused (``OK`` when it was not)."""
 

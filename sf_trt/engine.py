@@ -15,17 +15,17 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from .abi import Finish, Sampling, SamplingParams, Status, StatusError
-from .drafting.suffix import DEFAULT_SCOPE
+from .abi import TOP_LOGPROBS_MAX, Finish, Sampling, SamplingParams, Status, StatusError
 
 __all__ = [
-    "TOP_LOGPROBS_MAX", "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
+    "TOP_LOGPROBS_MAX", "DEFAULT_SCOPE", "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
     "TokenRef", "TokenRing", "SpecCounts", "TokenLogprobs", "Emit", "Events",
 ]
 
 
-TOP_LOGPROBS_MAX = 20
-"""The most alternatives a token's logprobs report (OpenAI's ``top_logprobs`` limit)."""
+DEFAULT_SCOPE = ""
+"""The draft scope of lanes that name none (``Admit.draft_scope``): requests of one local
+user share a corpus (:mod:`sf_trt.drafting.suffix`)."""
 
 
 # -- plans -----------------------------------------------------------------------

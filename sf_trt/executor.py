@@ -232,7 +232,6 @@ class Executor:
         self._grants: dict[int, Grant] = {}
         self._quarantined: dict[int, str] = {}  # slot -> why its release failed
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
-        self._logprobs_runner = None  # an OrtLogprobs, made when a lane first asks for logprobs
         self.grammar_cut_tokens = 0
         """Draft tokens cut before their pass because the lane's grammar forbids them (all lanes, ever)."""
 
@@ -444,11 +443,15 @@ class Executor:
         lp = op.logprobs
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= TOP_LOGPROBS_MAX):
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
+        if lp is not None and not self.caps.logprobs:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: this backend does not report logprobs (asked for {lp})")
         plp = op.prompt_logprobs
         if plp is not None and (not _is_int(plp) or not 0 <= plp <= TOP_LOGPROBS_MAX):
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: prompt_logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {plp!r})")
         if plp is not None and not self.caps.verify_rows:
             raise StatusError(Status.UNSUPPORTED, f"{name}: prompt_logprobs needs logit rows at every prefill position (this backend has no verify rows)")
+        if plp is not None and not self.caps.logprobs:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: this backend does not report logprobs (asked for prompt_logprobs {plp})")
         check_draft_scope(op.draft_scope, name)
         if free_after < 0:
             held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
@@ -500,10 +503,10 @@ class Executor:
             wanted = np.flatnonzero(np.isin(slots_all[:n], list(scored))) if scored else no_logits
             rows = Rows(slots_all[:n], pos_all[:n], tok_all[:n], wanted)
             slots_all, pos_all, tok_all = slots_all[n:], pos_all[n:], tok_all[n:]
-            lanes = [by_slot[slot] for slot in dict.fromkeys(rows.lanes.tolist())]
+            lanes = [by_slot[slot] for slot in dict.fromkeys(rows.slots.tolist())]
             logits = self._call("prefill forward", lanes, self.primitives.forward, rows)
             if logits is _FAULT:
-                left = ~np.isin(slots_all, rows.lanes)
+                left = ~np.isin(slots_all, rows.slots)
                 slots_all, pos_all, tok_all = slots_all[left], pos_all[left], tok_all[left]
             elif wanted.size:
                 self._prompt_logprobs(logits, rows, by_slot, out)
@@ -511,7 +514,7 @@ class Executor:
     def _prompt_logprobs(self, logits: Any, rows: Rows, by_slot: dict[int, _Lane], out: dict[int, _TickOut]) -> None:
         """The logprobs of the prompt tokens a prefill pass's logit rows score: row
         ``rows.logit_rows[i]``, at position j of its lane, scores the lane's token j + 1."""
-        slots, positions = rows.lanes[rows.logit_rows], rows.positions[rows.logit_rows]
+        slots, positions = rows.slots[rows.logit_rows], rows.positions[rows.logit_rows]
         lanes = [by_slot[slot] for slot in dict.fromkeys(slots.tolist())]
         nexts = np.fromiter((by_slot[s].tokens[p + 1] for s, p in zip(slots.tolist(), positions.tolist())), np.int64, slots.size)
         found = self._score(lanes, logits, np.arange(slots.size), nexts)
@@ -525,13 +528,9 @@ class Executor:
 
     def _score(self, lanes: list[_Lane], logits: Any, rows: np.ndarray, tokens: np.ndarray) -> Any:
         """``(logprob, top ids, top logprobs)`` of ``tokens`` at logit rows ``rows`` (raw
-        logits: the model's distribution), or :data:`_FAULT` (the lanes end)."""
-        if self._logprobs_runner is None:
-            from .backends.ort_logprobs import OrtLogprobs
-
-            self._logprobs_runner = OrtLogprobs(self.caps.vocab)
-        host = self._call("logprobs", lanes, self.primitives.logits_host, logits)
-        return _FAULT if host is _FAULT else self._call("logprobs", lanes, self._logprobs_runner.run, host[rows], tokens)
+        logits: the model's distribution; the backend's logprobs capability), or
+        :data:`_FAULT` (the lanes end)."""
+        return self._call("logprobs", lanes, self.primitives.logprobs, logits, rows, tokens)
 
     # -- decode ----------------------------------------------------------------------------------
 

@@ -47,6 +47,9 @@ class Capabilities:
     """Bitmask of optional kernel capabilities on offer (0: none)."""
     top_k_limit: int = 1024
     """The largest ``top_k`` the verify-and-sample graph supports."""
+    logprobs: bool = False
+    """The backend reports each drawn token's logprob and the most likely alternatives
+    (:meth:`PrimitivesBase.logprobs`); lanes may ask for logprobs only then."""
 
 
 def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
@@ -62,20 +65,20 @@ def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
 class Rows:
     """The packed rows of one forward pass, lanes in any order.
 
-    Shapes: ``lanes``, ``positions``, ``tokens``: ``[R]`` int64 (slot, absolute
-    position, token id); ``logit_rows``: ``[K]`` int64 indices into the R rows
-    whose logits the pass returns, in that order. A lane's rows are consecutive
-    positions starting at its ``state_len``, in ascending order.
+    Shapes: ``slots``, ``positions``, ``tokens``: ``[R]`` int64 (the lane's state slot
+    in ``0..max_lanes-1``, absolute position, token id); ``logit_rows``: ``[K]`` int64
+    indices into the R rows whose logits the pass returns, in that order. A lane's rows
+    are consecutive positions starting at its slot's ``state_len``, in ascending order.
     """
 
-    lanes: np.ndarray
+    slots: np.ndarray
     positions: np.ndarray
     tokens: np.ndarray
     logit_rows: np.ndarray
 
     @property
     def num_rows(self) -> int:
-        return int(self.lanes.shape[0])
+        return int(self.slots.shape[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +219,7 @@ class PrimitivesBase:
         if sample.adjust is not None and sample.adjust.num_rows:
             logits = self._adjust_impl(logits, sample.adjust)
         tokens, match = self._verify_sample_impl(logits, sample)
-        fault = self._row_faults(logits, sample)
+        fault = self.row_faults(logits, sample)
         if fault.any():
             tokens = np.where(fault != 0, fault, tokens)
             match = match & (fault == 0)
@@ -248,6 +251,18 @@ class PrimitivesBase:
         self._check_lane("state_len", lane)
         return int(self._state_len[lane])
 
+    def logprobs(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For logit rows ``rows`` ``[n]`` of ``logits`` (a :meth:`forward` result) and the tokens
+        drawn from them ``[n]``: ``(logprob [n] float32, top_ids [n, N] int64, top_logprobs
+        [n, N] float32)``, ``N = min(vocab, TOP_LOGPROBS_MAX)`` alternatives in descending
+        order. Only when ``capabilities.logprobs``."""
+        if not self.capabilities.logprobs:
+            raise StatusError(Status.UNSUPPORTED, "logprobs: this backend does not report logprobs")
+        rows, tokens = _int_rows("rows", rows, "logprobs"), _int_rows("tokens", tokens, "logprobs")
+        if rows.shape != tokens.shape:
+            raise StatusError(Status.BAD_ARGUMENT, f"logprobs: {rows.size} rows and {tokens.size} tokens (expected one token per row)")
+        return self._logprobs_impl(logits, rows, tokens)
+
     def logits_host(self, logits: Any) -> np.ndarray:
         """Logits as a host numpy array ``[K, vocab]`` float32."""
         return np.asarray(logits)
@@ -271,16 +286,9 @@ class PrimitivesBase:
 
     def _adjust_impl(self, logits: Any, adjust: LogitAdjust) -> Any:
         """The logits with ``adjust``'s rows adjusted, as a new array (``logits`` unchanged).
-        This one runs the adjust graph on onnxruntime over the host's copy of the rows; a
-        backend whose logits live on a device may run it there."""
-        if getattr(self, "_adjuster", None) is None:
-            from .backends.ort_adjust import OrtLogitAdjust  # onnx and a session only once a lane adjusts
-
-            self._adjuster = OrtLogitAdjust(self.capabilities.vocab)
-        host = self.logits_host(logits)
-        out = np.array(host, np.float32)  # a plain copy: no pass-form greedy tokens ride along
-        out[adjust.rows] = self._adjuster.run(host[adjust.rows], adjust)
-        return out
+        The backends mix in :class:`~sf_trt.backends.ort_adjust.HostLogitAdjust` (the adjust
+        graph on the host); a backend without it refuses adjusted rows."""
+        raise StatusError(Status.UNSUPPORTED, "verify_sample: this backend cannot adjust logits (penalties, logit_bias, min_tokens)")
 
     def _forward_impl(self, rows: Rows) -> Any:
         raise NotImplementedError
@@ -294,6 +302,9 @@ class PrimitivesBase:
     def _release_impl(self, lane: int) -> None:
         self._truncate_impl(lane, 0)
 
+    def _logprobs_impl(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
     # -- checks ----------------------------------------------------------------
 
     def _check_lane(self, op: str, lane: int) -> None:
@@ -304,7 +315,7 @@ class PrimitivesBase:
 
     def _check_rows(self, rows: Rows) -> tuple[np.ndarray, ...]:
         caps = self.capabilities
-        lanes = _int_rows("lanes", rows.lanes, "forward")
+        lanes = _int_rows("slots", rows.slots, "forward")
         positions = _int_rows("positions", rows.positions, "forward")
         tokens = _int_rows("tokens", rows.tokens, "forward")
         logit_rows = _int_rows("logit_rows", rows.logit_rows, "forward")
@@ -314,7 +325,7 @@ class PrimitivesBase:
             return StatusError(status, f"forward: {what}")
 
         if positions.shape[0] != n or tokens.shape[0] != n:
-            raise bad(Status.BAD_ARGUMENT, f"lanes, positions, tokens differ in length ({n}, {positions.shape[0]}, {tokens.shape[0]})")
+            raise bad(Status.BAD_ARGUMENT, f"slots, positions, tokens differ in length ({n}, {positions.shape[0]}, {tokens.shape[0]})")
         if n > caps.max_rows_per_pass:
             raise bad(Status.CAPACITY_EXHAUSTED, f"{n} rows exceed max_rows_per_pass {caps.max_rows_per_pass}")
         if n and (lanes.min() < 0 or lanes.max() >= caps.max_lanes):
@@ -340,7 +351,7 @@ class PrimitivesBase:
                 raise bad(Status.UNSUPPORTED, "this backend returns logits only at each lane's last row (verify_rows=False)")
         return lanes, positions, tokens, logit_rows
 
-    def _row_faults(self, logits: Any, sample: SampleRows) -> np.ndarray:
+    def row_faults(self, logits: Any, sample: SampleRows) -> np.ndarray:
         """int64 ``[K]``: each row's :class:`RowFault` code, 0 where the row is usable."""
         fault = np.zeros(sample.num_rows, np.int64)
         if not sample.num_rows:

@@ -27,7 +27,7 @@ def concat(*parts: Rows) -> Rows:
     """One pass made of several lanes' rows; logit rows re-indexed into the whole."""
     offsets = np.cumsum([0] + [p.num_rows for p in parts[:-1]])
     return Rows(
-        np.concatenate([p.lanes for p in parts]), np.concatenate([p.positions for p in parts]),
+        np.concatenate([p.slots for p in parts]), np.concatenate([p.positions for p in parts]),
         np.concatenate([p.tokens for p in parts]), np.concatenate([p.logit_rows + o for p, o in zip(parts, offsets)]),
     )
 

@@ -238,28 +238,10 @@ def hf_prompt_ids(tok, messages) -> list[int]:
     return [int(i) for i in out]
 
 
-def _mount_export() -> None:
-    """Make ``sf_trt.export`` importable from this checkout when sf_trt is not installed in this
-    interpreter (the peers' environment): the installed package maps it onto ``export/``."""
-    import importlib.util
-
-    import sf_trt
-
-    if "sf_trt.export" in sys.modules or importlib.util.find_spec("sf_trt.export") is not None:
-        return
-    spec = importlib.util.spec_from_file_location("sf_trt.export", REPO / "export" / "__init__.py", submodule_search_locations=[str(REPO / "export")])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sf_trt.export"] = module
-    sf_trt.export = module
-    spec.loader.exec_module(module)
-
-
 def sf_trt_tokenizer(gguf: Path):
-    """sf_trt's own tokenizer for ``gguf``, or (None, why)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
+    """sf_trt's own tokenizer for ``gguf``, or (None, why): sf_trt must be installed in this
+    interpreter (the peers' environment: ``pip install --no-deps -e .`` from the checkout)."""
     try:
-        _mount_export()
         from sf_trt.export.gguf_llama import open_reader, read_tokenizer
 
         return read_tokenizer(open_reader(gguf)), None

@@ -47,6 +47,7 @@ import argparse
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import json
 import sys
 import time
@@ -57,8 +58,6 @@ from typing import Any, Callable
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
 TINY_SHAPES = dict(max_lanes=4, rows_per_lane=8, max_context=64)
 """The tiny decoder's engines: 4 lanes of 8 rows a run (32 logit rows), 64 positions."""
@@ -452,10 +451,9 @@ def close_to_reference(make_prims: Callable[[], Any], make_ref: Callable[[], Any
 
 def seed_contract(make_primitives: Callable[[Any], Any], label: str) -> str:
     """tests/test_prompt_lookup.py with its FakePrimitives replaced by ``make_primitives(cfg)``."""
-    tests_dir = str(ROOT / "tests")
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    seed = importlib.import_module("test_prompt_lookup")
+    spec = importlib.util.spec_from_file_location("sf_trt_seed_contract", ROOT / "tests" / "test_prompt_lookup.py")
+    seed = sys.modules["sf_trt_seed_contract"] = importlib.util.module_from_spec(spec)  # a copy of its own (dataclasses look it up)
+    spec.loader.exec_module(seed)
     tests = [(n, f) for n, f in vars(seed).items() if n.startswith("test_") and callable(f)]
     failed = []
     original = seed.FakePrimitives

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graphs.adjust import ADJUSTED, ALLOWED, FLOAT_INPUTS, IDS, LOGITS, build_adjust_graph
 from .ort_session import open_session
 
-__all__ = ["OrtLogitAdjust"]
+__all__ = ["OrtLogitAdjust", "HostLogitAdjust"]
 
 
 class OrtLogitAdjust:
@@ -20,12 +19,32 @@ class OrtLogitAdjust:
         self._session = None
 
     def run(self, logits: np.ndarray, adjust) -> np.ndarray:
+        from ..graphs import adjust as graph  # imports onnx: not before a lane adjusts
+
         if self._session is None:
-            self._session = open_session(build_adjust_graph(self.vocab), threads=1)
-        feeds = {LOGITS: np.ascontiguousarray(logits, np.float32), IDS: np.ascontiguousarray(adjust.ids, np.int64)}
-        for name, value in zip(FLOAT_INPUTS, adjust.values()):
+            self._session = open_session(graph.build_adjust_graph(self.vocab), threads=1)
+        feeds = {graph.LOGITS: np.ascontiguousarray(logits, np.float32), graph.IDS: np.ascontiguousarray(adjust.ids, np.int64)}
+        for name, value in zip(graph.FLOAT_INPUTS, adjust.values()):
             feeds[name] = np.ascontiguousarray(value, np.float32)
         allowed = adjust.allowed if adjust.allowed is not None else np.ones(logits.shape, bool)
-        feeds[ALLOWED] = np.ascontiguousarray(allowed, bool)
-        (out,) = self._session.run([ADJUSTED], feeds)
+        feeds[graph.ALLOWED] = np.ascontiguousarray(allowed, bool)
+        (out,) = self._session.run([graph.ADJUSTED], feeds)
+        return out
+
+
+class HostLogitAdjust:
+    """A backend's logit adjustments on the host (mixed into a
+    :class:`~sf_trt.primitives.PrimitivesBase` subclass): the rows' logits read with
+    ``logits_host``, then the adjust graph on onnxruntime's CPU provider, made on first
+    use (a process whose requests adjust nothing never builds it). A backend whose
+    logits live on a device may run it there instead."""
+
+    _adjuster: "OrtLogitAdjust | None" = None
+
+    def _adjust_impl(self, logits, adjust) -> np.ndarray:
+        if self._adjuster is None:
+            self._adjuster = OrtLogitAdjust(self.capabilities.vocab)
+        host = self.logits_host(logits)
+        out = np.array(host, np.float32)  # a plain copy: no pass-form greedy tokens ride along
+        out[adjust.rows] = self._adjuster.run(host[adjust.rows], adjust)
         return out

@@ -42,13 +42,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..abi import Sampling, Status, StatusError
-from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
+from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_GRAPH_FILE, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from .ort_adjust import HostLogitAdjust
+from .ort_logprobs import HostLogprobs
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
@@ -89,7 +91,7 @@ def _bad(what: str) -> StatusError:
     return StatusError(Status.BAD_ARGUMENT, f"OrtDecoderPrimitives: {what}")
 
 
-class OrtDecoderPrimitives(PrimitivesBase):
+class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The exported decoder in ``model_dir`` on onnxruntime.
 
     ``max_lanes`` cache slots of ``max_context`` positions each (at most the
@@ -150,7 +152,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
             Capabilities(
                 vocab=cfg.vocab, eos=cfg.eos, max_lanes=int(max_lanes), max_context=int(max_context),
                 max_rows_per_pass=int(max_rows_per_pass), verify_rows=True, truncate_partial=True,
-                kernel_capabilities=0, top_k_limit=top_k_limit,
+                kernel_capabilities=0, top_k_limit=top_k_limit, logprobs=True,
             )
         )
         self.model_dir = model.path
@@ -173,6 +175,35 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
         self._allocate_cache()
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
+
+    # -- profiling hooks (tools/profile_decode.py, tools/bench_sampler.py) ----------------------
+
+    def instrument(self, *, decoder_run: Optional[Callable[[Callable], Callable]] = None,
+                   sampler_run: Optional[Callable[[Callable], Callable]] = None) -> None:
+        """Wrap the decoder session's ``run_with_iobinding`` and the verify sampler's ``run``:
+        each wrapper takes the callable and returns its stand-in (a timer, a recorder). What
+        they return is what the pass uses, so a wrapper must call through."""
+        if decoder_run is not None:
+            self._session.run_with_iobinding = decoder_run(self._session.run_with_iobinding)
+        if sampler_run is not None:
+            self._sampler.run = sampler_run(self._sampler.run)
+
+    def profile_passes(self, rows: Rows, passes: int, profile_prefix: str, threads: int | None = None) -> Path:
+        """Run ``passes`` forward passes over ``rows`` on a profiling twin of the decoder
+        session (onnxruntime's profiler on, ``profile_prefix`` for its file) and put the
+        runtime session back; the profile file's path. The lanes' caches are written as by
+        any pass."""
+        optimization = "all"
+        twin = open_session(self.model_dir / PASS_GRAPH_FILE, threads=threads, config=self._session_config(optimization),
+                            profile_prefix=profile_prefix)
+        runtime = self._session
+        self._session, self._binding, self._views, self._bound = twin, twin.io_binding(), {}, None
+        try:
+            for _ in range(passes):
+                self._forward_impl(rows)
+            return Path(twin.end_profiling())
+        finally:
+            self._session, self._binding, self._views, self._bound = runtime, runtime.io_binding(), {}, None
 
     def _session_config(self, optimization: str) -> dict[str, str]:
         spin = {"session.intra_op.allow_spinning": "1" if self.spinning else "0"}
@@ -226,9 +257,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
         if rows.num_rows == 0:
             return logits.rows(inverse)
         # group rows by lane, lanes in order of first appearance
-        lane_order, first = np.unique(rows.lanes, return_index=True)
+        lane_order, first = np.unique(rows.slots, return_index=True)
         lane_order = lane_order[np.argsort(first, kind="stable")]
-        lane_rows = [np.flatnonzero(rows.lanes == lane) for lane in lane_order]
+        lane_rows = [np.flatnonzero(rows.slots == lane) for lane in lane_order]
         wanted = np.full(rows.num_rows, -1, np.int64)  # row -> its place in logit_rows
         wanted[unique_rows] = np.arange(unique_rows.shape[0])
         for group in self._plan_runs([r.shape[0] for r in lane_rows]):

@@ -8,15 +8,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Iterator, Optional, Sequence as Seq
 
-from ..abi import Finish, Sampling, SamplingParams, Status, StatusError
+from ..abi import Sampling, SamplingParams, Status, StatusError
 from ..drafting import DEFAULT_SCOPE
 from ..strategies import KINDS
 
-__all__ = ["Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "FINISH_ERROR", "choice_key"]
-
-FINISH_ERROR = Finish.ERROR
-"""How a request that failed ends (``Finish.ERROR`` where the fault-safe executor defines
-it); its ``error`` says why."""
+__all__ = ["Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "choice_key"]
 
 def strategy_id(kind: str) -> bytes:
     """The 32-byte id a drafter kind is registered under."""

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ..abi import Finish
 from ..engine import Emit, TokenLogprobs
+from ..outputs import RequestOutput
 from .requests import Request
 
 __all__ = ["Sequence", "Update", "ACCEPTANCE_PRIOR", "ACCEPTANCE_DECAY"]
@@ -187,6 +188,22 @@ class Sequence:
         if self.finish != Finish.NONE:
             self.finished_at = now
         return Update(self, tokens, self._take_text(), logprobs, self.finish != Finish.NONE)
+
+    def output(self, update: Optional[Update] = None) -> RequestOutput:
+        """The outward record (:class:`~sf_trt.outputs.RequestOutput`): the delta ``update``
+        added, or with none, everything so far (cumulative)."""
+        if update is None:
+            tokens, text, logprobs, finish = list(self.tokens), self.text, self.logprobs, self.finish
+            prompt_lp = self.prompt_logprobs
+        else:
+            tokens, text, logprobs = list(update.tokens), update.text, update.logprobs
+            finish = self.finish if update.finished else Finish.NONE
+            prompt_lp = self.take_prompt_logprobs()
+        return RequestOutput(
+            self.seq_id, tokens, text, logprobs, finish, self.stop_reason, self.error, self.prompt_len, len(self.tokens),
+            self.proposed, self.accepted, self.drafts, self.passes, self.arrival, self.admitted_at, self.first_token_at,
+            self.finished_at, prompt_lp,
+        )
 
     def end(self, finish: Finish, now: float, error: Optional[str] = None) -> Update:
         """Finish now (aborted, failed) with what was reported so far."""

@@ -4,6 +4,10 @@ requests (one per choice), submitted, followed and aborted.
 A body is checked here, before anything is queued: the model, unsupported fields,
 stop strings, prompts that do not fit the context (``PROMPT_TOO_LONG``), sampling
 parameters, and every choice's request against the engine (``engine.check``).
+A prompt's size is checked before it is tokenized: a text over ``--max-prompt-bytes``,
+or one whose bytes alone prove it more tokens than the context holds, is refused
+without tokenizing it. The routes build jobs off the event loop (tokenizing a long
+prompt takes a while).
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .state import ServerState
 from .structured import request_grammar
 
-__all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output"]
+__all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output",
+           "encode_text", "encode_messages", "check_model", "COMPLETION_MAX_TOKENS"]
+
+COMPLETION_MAX_TOKENS = 16
+"""``/v1/completions``' ``max_tokens`` when a request names none (OpenAI's and vLLM's default)."""
 
 
 @dataclasses.dataclass
@@ -64,7 +72,9 @@ class Job:
         _check_common(state, body)
         prompts, texts = [], []
         for p in body.prompts():
-            ids = _encode(state, p, "prompt") if isinstance(p, str) else list(p)
+            if not isinstance(p, str):
+                _check_fits(state, len(p), "prompt", f"{len(p)} tokens in the prompt")
+            ids = encode_text(state, p, "prompt") if isinstance(p, str) else list(p)
             prompts.append(ids)
             if isinstance(p, str) or not body.echo:
                 texts.append(p if isinstance(p, str) else "")
@@ -78,7 +88,7 @@ class Job:
         # echo with logprobs scores the prompt too (lm-eval's loglikelihood), from the prefill's rows
         wanted = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
         return Job._build(state, engine, "completion", "cmpl", body, prompts, texts, body.logprobs, body.max_tokens,
-                          max(wanted) if wanted else None)
+                          max(wanted) if wanted else None, default_max_tokens=COMPLETION_MAX_TOKENS)
 
     @staticmethod
     def chat(state: ServerState, body: ChatCompletionRequest) -> "Job":
@@ -88,22 +98,19 @@ class Job:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
         if body.max_tokens == 0:
             raise ApiError(400, "BadRequestError", "max_tokens: 0 generates nothing; to score a prompt use /v1/completions with echo and logprobs", "max_tokens")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:  # contents stay text: a message cannot forge a control token (a role turn)
-            ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True)
-        except TokenizerError as exc:
-            raise ApiError(400, "BadRequestError", str(exc), "messages") from None
+        ids = encode_messages(state, [{"role": m.role, "content": m.text()} for m in body.messages])
         k = (body.top_logprobs or 0) if body.logprobs else None
         # chat has no echo: its prompt text is never sent back
         return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens,
                           body.prompt_logprobs)
 
     @staticmethod
-    def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens, prompt_logprobs) -> "Job":
+    def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens, prompt_logprobs,
+               default_max_tokens: Optional[int] = None) -> "Job":
         opts = body.sf_trt
         speculate = (opts.speculate if opts and opts.speculate else None) or state.default_speculate
         max_draft = (opts.max_draft if opts and opts.max_draft else None) or state.default_max_draft
-        flags = SamplingFlag.IGNORE_EOS if opts and opts.ignore_eos else SamplingFlag(0)
+        flags = SamplingFlag.IGNORE_EOS if body.ignores_eos else SamplingFlag(0)
         temperature = 1.0 if body.temperature is None else body.temperature
         mode = Sampling.GPU_GREEDY if temperature == 0 else Sampling.GPU_GUMBEL
         seed = body.seed if body.seed is not None else secrets.randbits(63)
@@ -116,7 +123,8 @@ class Job:
         choices = []
         for p, ids in enumerate(prompts):
             mt = 0 if prompt_only else _max_tokens(
-                state, ids, max_tokens, "max_completion_tokens" if kind == "chat" and body.max_completion_tokens else "max_tokens")
+                state, ids, max_tokens, "max_completion_tokens" if kind == "chat" and body.max_completion_tokens else "max_tokens",
+                default_max_tokens)
             try:
                 params = SamplingParams(
                     temperature=temperature if mode == Sampling.GPU_GUMBEL else 1.0, top_p=1.0 if body.top_p is None else body.top_p,
@@ -152,9 +160,14 @@ class Job:
         return int(time.time())
 
 
+def check_model(state: ServerState, model: Optional[str]) -> None:
+    """A 404 for a model this server does not serve (none named: the served one)."""
+    if model is not None and model != state.model_name:
+        raise ApiError(404, "NotFoundError", f"the model {model!r} does not exist (served: {state.model_name!r})", "model")
+
+
 def _check_common(state: ServerState, body: SamplingFields) -> None:
-    if body.model is not None and body.model != state.model_name:
-        raise ApiError(404, "NotFoundError", f"the model {body.model!r} does not exist (served: {state.model_name!r})", "model")
+    check_model(state, body.model)
     bad = body.unsupported()
     if bad:
         raise ApiError(400, "BadRequestError", f"unsupported field(s): {', '.join(bad)} (sf_trt cannot honour them yet)", bad[0])
@@ -169,16 +182,57 @@ def draft_scope(user: Optional[str]) -> str:
     return DEFAULT_SCOPE if not user else "user:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _encode(state: ServerState, text: str, param: str) -> list[int]:
+def _check_text_size(state: ServerState, size: int, param: str, fit_context: bool) -> None:
+    """Refuse, before tokenizing, a prompt text of ``size`` UTF-8 bytes over
+    ``--max-prompt-bytes`` or (``fit_context``) whose bytes alone prove it longer than the context."""
+    if size > state.max_prompt_bytes:
+        raise ApiError(400, Status.PROMPT_TOO_LONG.name, f"{param}: {size} bytes of text, more than --max-prompt-bytes {state.max_prompt_bytes}", param)
+    per_token = getattr(state.tokenizer, "max_token_bytes", None)
+    if per_token and fit_context:
+        at_least = -(-size // per_token)
+        _check_fits(state, at_least, param, f"at least {at_least} tokens in the prompt ({size} bytes, at most {per_token} a token)")
+
+
+def _check_fits(state: ServerState, num_tokens: int, param: str, what: str) -> None:
+    if num_tokens >= state.max_context:
+        raise ApiError(400, Status.PROMPT_TOO_LONG.name,
+                       f"this model's context is {state.max_context} tokens; the request needs {what}. Shorten the prompt", param)
+
+
+def _utf8_size(text: str, param: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # a lone surrogate that came in some other way than JSON
+        raise ApiError(400, "BadRequestError", f"{param}: not valid text ({exc.reason} at character {exc.start})", param) from None
+
+
+def encode_text(state: ServerState, text: str, param: str, fit_context: bool = True) -> list[int]:
+    """The ids of a prompt text, its size checked first (module docstring; ``fit_context``
+    False: only ``--max-prompt-bytes``, for ``/tokenize``). Off the event loop."""
+    _check_text_size(state, _utf8_size(text, param), param, fit_context)
     try:
         return state.tokenizer.encode(text)
     except TokenizerError as exc:
         raise ApiError(400, "BadRequestError", str(exc), param) from None
 
 
-def _max_tokens(state: ServerState, ids: list[int], asked: Optional[int], param: str) -> int:
-    """The output budget: what was asked, or what the context leaves; a 400 if it does not fit."""
+def encode_messages(state: ServerState, messages: list[dict], add_generation_prompt: bool = True, fit_context: bool = True) -> list[int]:
+    """The ids of chat messages in the model's template, their contents' size checked
+    first (as :func:`encode_text`). Contents stay text: a message cannot forge a control
+    token (a role turn)."""
+    _check_text_size(state, sum(_utf8_size(m["content"], "messages") for m in messages), "messages", fit_context)
+    try:
+        return state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+    except TokenizerError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "messages") from None
+
+
+def _max_tokens(state: ServerState, ids: list[int], asked: Optional[int], param: str, default: Optional[int] = None) -> int:
+    """The output budget: what was asked, or ``default`` (or less, if less fits), or what the
+    context leaves; a 400 if what was asked does not fit."""
     room = state.max_context - len(ids)
+    if asked is None and default is not None and room >= 1:
+        return min(default, room)
     if room < 1 or (asked is not None and asked > room):
         want = f"{len(ids) + asked} tokens ({len(ids)} in the prompt, {asked} in the completion)" if asked else f"{len(ids)} tokens in the prompt"
         raise ApiError(
@@ -191,9 +245,16 @@ def _max_tokens(state: ServerState, ids: list[int], asked: Optional[int], param:
 
 def submit_job(state: ServerState, job: Job) -> None:
     engine = state.ready_engine()
+    if len(job.choices) > engine.capacity:  # a 429 would say "retry" to a request that can never be taken
+        raise ApiError(
+            400, "BadRequestError",
+            f"the request asks for {len(job.choices)} completions (prompts x n); this server holds at most {engine.capacity} "
+            f"at once ({engine.num_lanes} lanes, --max-num-seqs, and {engine.config.max_queued} waiting, --max-queued-requests): "
+            "split the batch", "n" if job.body.n > 1 else "prompt",
+        )
     try:
         for c in job.choices:
-            c.stream = engine.submit(c.request, request_id=f"{job.id}-{c.index}")
+            c.stream = engine.submit(c.request, request_id=f"{job.id}-{c.index}", checked=True)  # Job._build checked it
     except (StatusError, Overloaded, NotServing) as exc:
         abort_job(state, job)
         raise refusal(exc) from None

@@ -1,11 +1,14 @@
 """Request bodies of the OpenAI-compatible routes (pydantic v2, unknown fields refused).
 
 Every model forbids fields it does not declare (``extra="forbid"``): a misspelt or
-unsupported field is a 400 naming it, never silently ignored. Fields the OpenAI API
-defines but sf_trt cannot honour yet are declared so that the 400 can say so
-(:meth:`SamplingFields.unsupported`): they are accepted only at their no-op values
-(no tools). ``response_format`` and vLLM's ``structured_outputs`` / ``guided_*`` are
-checked by :mod:`sf_trt.serve.structured`.
+unsupported field is a 400 naming it, never silently ignored. Types are strict
+(``strict=True``): ``"1"`` is not a number, ``1`` is not a bool, ``1.0`` is not an
+int. Fields the OpenAI API defines but sf_trt cannot honour yet are declared so that
+the 400 can say so (:meth:`SamplingFields.unsupported`): they are accepted only at
+their no-op values (no tools, ``skip_special_tokens`` true). Fields that only annotate
+a request (``store``, ``metadata``, ``service_tier``, ``user``, ``parallel_tool_calls``)
+are accepted and change nothing. ``response_format`` and vLLM's ``structured_outputs`` /
+``guided_*`` are checked by :mod:`sf_trt.serve.structured`.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine import TOP_LOGPROBS_MAX
 from ..scheduler import DRAFTERS
+from .limits import TEMPERATURE_MAX
 
 __all__ = [
     "SfTrtOptions", "StreamOptions", "SamplingFields", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
-    "SPECULATE_CHOICES", "MAX_N", "TokenizeRequest", "DetokenizeRequest",
+    "SPECULATE_CHOICES", "MAX_N",
 ]
 
 SPECULATE_CHOICES = ("none", *DRAFTERS)
@@ -30,7 +34,7 @@ _INT63 = 2**63 - 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SfTrtOptions(_Strict):
@@ -55,6 +59,8 @@ class SfTrtOptions(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: every chunk carries the usage so far (with ``include_usage``, as vLLM)."""
 
 
 class SamplingFields(_Strict):
@@ -63,11 +69,12 @@ class SamplingFields(_Strict):
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(None, ge=0)
     """0: generate nothing (with ``echo`` and ``logprobs``: score the prompt); completions only."""
-    temperature: Optional[float] = Field(None, ge=0.0, allow_inf_nan=False)
+    temperature: Optional[float] = Field(None, ge=0.0, le=TEMPERATURE_MAX, allow_inf_nan=False)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: Optional[int] = Field(None, ge=-1)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
-    seed: Optional[int] = Field(None, ge=0, le=_INT63)
+    seed: Optional[int] = Field(None, ge=-1, le=_INT63)
+    """-1 (vLLM's) or none: the server draws one and returns it."""
     n: int = Field(1, ge=1, le=MAX_N)
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
@@ -93,10 +100,18 @@ class SamplingFields(_Strict):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
+    ignore_eos: bool = False
+    """vLLM's: the same as ``sf_trt.ignore_eos``."""
+    skip_special_tokens: bool = True
+    """vLLM's: the text leaves special tokens out; sf_trt always does (false is refused)."""
+    # Annotations: accepted, change nothing.
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
 
     def unsupported(self) -> list[str]:
         """The fields set to something sf_trt cannot honour yet, by name."""
-        return []
+        return [] if self.skip_special_tokens else ["skip_special_tokens"]
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as ``(token id, bias)`` pairs; a ValueError naming a key that is no token id."""
@@ -106,6 +121,15 @@ class SamplingFields(_Strict):
                 raise ValueError(f"logit_bias: key {key[:20]!r} is not a token id (a non-negative integer as a string)")
             pairs.append((int(key), value))
         return tuple(pairs)
+
+    @field_validator("seed")
+    @classmethod
+    def _random_seed(cls, v: Optional[int]) -> Optional[int]:
+        return None if v == -1 else v
+
+    @property
+    def ignores_eos(self) -> bool:
+        return self.ignore_eos or bool(self.sf_trt and self.sf_trt.ignore_eos)
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -186,19 +210,3 @@ class ChatCompletionRequest(SamplingFields):
             out.append("messages[].tool_calls")
         return out
 
-
-class TokenizeRequest(_Strict):
-    """``POST /tokenize`` (vLLM's): a ``prompt`` or chat ``messages`` to token ids, as the
-    completion routes would encode them."""
-
-    model: Optional[str] = None
-    prompt: Optional[str] = None
-    messages: Optional[list[ChatMessage]] = None
-    add_generation_prompt: bool = True
-
-
-class DetokenizeRequest(_Strict):
-    """``POST /detokenize`` (vLLM's): token ids to text."""
-
-    model: Optional[str] = None
-    tokens: list[int]

@@ -79,8 +79,8 @@ def request_grammar(state: ServerState, body: Any) -> Optional[Grammar]:
     if len(asked) > 1:
         raise _bad(f"at most one output constraint per request (got {', '.join(p for p, _, _ in asked)})", asked[1][0])
     param, kind, source = asked[0]
-    if body.sf_trt is not None and body.sf_trt.ignore_eos:
-        raise _bad(f"{param}: a constrained output ends where its grammar does; sf_trt.ignore_eos does not combine with it", param)
+    if body.ignores_eos:
+        raise _bad(f"{param}: a constrained output ends where its grammar does; ignore_eos does not combine with it", param)
     caps = state.ready_engine().caps
     try:
         return compile_grammar(kind, source, _table(state.tokenizer, caps.vocab, caps.eos))

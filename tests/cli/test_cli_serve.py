@@ -1,6 +1,6 @@
 """``sf-trt serve`` as a process (cli/serve.py): it serves, and SIGTERM during load
-drains it: every in-flight request finishes or ends with an error event, none hangs,
-the process exits 0."""
+drains it: new requests get 503 while every in-flight request finishes or ends with an
+error event, none hangs, the process exits 0."""
 
 from __future__ import annotations
 
@@ -47,10 +47,16 @@ def test_sigterm_during_load_finishes_or_fails_every_request_and_exits_0():
                 tasks = [asyncio.create_task(one(client, i)) for i in range(12)]
                 await asyncio.sleep(1.0)  # all admitted or queued, the long ones running
                 proc.send_signal(signal.SIGTERM)
-                return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+                await asyncio.sleep(0.3)
+                # while it drains it still listens: a new request is a 503, not a refused connection
+                late = await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
+                health = await client.get("/health")
+                return await asyncio.wait_for(asyncio.gather(*tasks), 30), late, health
 
         t0 = time.monotonic()
-        results = asyncio.run(main())
+        results, late, health = asyncio.run(main())
+        assert late.status_code == 503 and late.json()["error"]["type"] == "ServiceUnavailableError"
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
         rc = proc.wait(30)
         assert rc == 0, proc.stdout.read()
         assert time.monotonic() - t0 < 20

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from sf_trt.engine_loop import LoopConfig
-from sf_trt.scheduler import DraftPolicy
+from sf_trt.scheduler import DraftPolicy, SchedulerConfig
 
 from servers import SlowFake, FAKE, live_server
 
@@ -110,7 +110,7 @@ def test_sixteen_concurrent_mixed_requests_each_answer_what_they_answer_alone():
     cfg = FAKE.__class__(**{**FAKE.__dict__, "max_lanes": 6})  # more requests than lanes: some wait, lanes are reused
     # every speculating lane drafts every tick (the load-aware default sheds drafts at 6 lanes,
     # which would leave how many drafts ran to the timing)
-    with live_server(SlowFake(cfg), config=LoopConfig(tick_tokens=5, policy=DraftPolicy())) as live:
+    with live_server(SlowFake(cfg), config=LoopConfig(scheduler=SchedulerConfig.serving(tick_tokens=5, policy=DraftPolicy()))) as live:
         bodies = mixed_requests(16, PROMPTS, 60)
         check_headline(live.url, bodies, cancelled={3, 10, 14}, timeout_s=120)
         assert live.metric("sf_trt:spec_decode_num_accepted_tokens_total") > 0  # drafts were taken under load

@@ -71,13 +71,14 @@ class CopyModel:
     def _forward(self, rows: Rows, vocab: int) -> Any:
         dev = self.dev
         dev.put(
-            self.state, (dev.to_device(rows.lanes), dev.to_device(rows.positions)),
+            self.state, (dev.to_device(rows.slots), dev.to_device(rows.positions)),
             dev.to_device(rows.tokens.astype(numpy_dtype(self.state_dtype))),
         )
         k, size = int(rows.logit_rows.size), self.max_rows
         if k == 0:
             return dev.zeros((0, vocab), "float32")
-        picked = {b.name: getattr(rows, b.name)[rows.logit_rows] for b in self.row_inputs}
+        by_input = {"lanes": rows.slots, "positions": rows.positions}  # the copy graph's row inputs (graphs/copy_model.py)
+        picked = {b.name: by_input[b.name][rows.logit_rows] for b in self.row_inputs}
         out = None
         for lo in range(0, k, size):
             m = min(size, k - lo)
@@ -154,9 +155,9 @@ class Decoder:
             return dev.zeros((0, vocab), "float32")
         L, T = self.max_lanes, self.rows_per_lane
         first = np.full(L, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first, rows.lanes, rows.positions)
-        run_of, t = np.divmod(rows.positions - first[rows.lanes], T)  # a lane's rows are consecutive positions
-        flat = rows.lanes * T + t  # each row's index among a run's L * T rows
+        np.minimum.at(first, rows.slots, rows.positions)
+        run_of, t = np.divmod(rows.positions - first[rows.slots], T)  # a lane's rows are consecutive positions
+        flat = rows.slots * T + t  # each row's index among a run's L * T rows
         n_runs, out = int(run_of.max()) + 1, None
         for r in range(n_runs):
             here = np.flatnonzero(run_of == r)
@@ -174,7 +175,7 @@ class Decoder:
         """One run of the rows ``here`` (at row ``t`` of their lane); writes their K/V into the
         caches and returns the logits of the rows at ``logit_flat`` (first ``logit_flat.size`` rows)."""
         dev, L, T = self.dev, self.max_lanes, self.rows_per_lane
-        lanes = rows.lanes[here]
+        lanes = rows.slots[here]
         input_ids = np.zeros((L, T), np.int64)
         positions = np.full((L, T), self.max_context, np.int64)  # padding: the trash slot
         input_ids[lanes, t] = rows.tokens[here]

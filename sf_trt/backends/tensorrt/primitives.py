@@ -42,6 +42,8 @@ from ...graphs.verify import MATCH as VERIFY_MATCH
 from ...graphs.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS
 from ...graphs.verify import TOKENS as VERIFY_TOKENS
 from ...primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from ..ort_adjust import HostLogitAdjust
+from ..ort_logprobs import HostLogprobs
 from .adapters import COPY_STATE, DECODER_INPUTS, CopyModel, Decoder
 from .buffers import BufferPlan, numpy_dtype
 from .device import Device, NumpyDevice, TorchDevice
@@ -52,7 +54,7 @@ from .runners import EngineRunner, OrtRunner, TrtRunner
 __all__ = ["TensorRTPrimitives"]
 
 
-class TensorRTPrimitives(PrimitivesBase):
+class TensorRTPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The copy model (the TensorRT fake) or a decoder, and the verify-and-sample
     graph, as engines behind the Primitives protocol.
 
@@ -103,7 +105,7 @@ class TensorRTPrimitives(PrimitivesBase):
             Capabilities(
                 vocab=int(m.vocab), eos=int(eos), max_lanes=int(m.max_lanes), max_context=int(m.max_context),
                 max_rows_per_pass=int(max_rows_per_pass or m.max_rows), verify_rows=verify_rows,
-                truncate_partial=truncate_partial, kernel_capabilities=kernel_capabilities, top_k_limit=int(top_k_limit),
+                truncate_partial=truncate_partial, kernel_capabilities=kernel_capabilities, top_k_limit=int(top_k_limit), logprobs=True,
             )
         )
 
