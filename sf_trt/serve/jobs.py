@@ -30,6 +30,7 @@ from .errors import ApiError, refusal
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .state import ServerState
 from .structured import request_grammar
+from .tools import ToolPlan, chat_messages, tool_plan
 
 __all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output",
            "encode_text", "encode_messages", "check_model", "COMPLETION_MAX_TOKENS"]
@@ -65,6 +66,8 @@ class Job:
     seed: int
     logprobs: Optional[int]
     return_token_ids: bool
+    tools: Optional[ToolPlan] = None
+    """A chat request's forced tool call (its output is parsed into ``tool_calls``)."""
 
     @staticmethod
     def completion(state: ServerState, body: CompletionRequest) -> "Job":
@@ -98,15 +101,18 @@ class Job:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
         if body.max_tokens == 0:
             raise ApiError(400, "BadRequestError", "max_tokens: 0 generates nothing; to score a prompt use /v1/completions with echo and logprobs", "max_tokens")
-        ids = encode_messages(state, [{"role": m.role, "content": m.text()} for m in body.messages])
+        tools = tool_plan(body.tools, body.tool_choice)
+        ids = encode_messages(state, chat_messages(body.messages, tools))
         k = (body.top_logprobs or 0) if body.logprobs else None
         # chat has no echo: its prompt text is never sent back
-        return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens,
-                          body.prompt_logprobs)
+        job = Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens,
+                         body.prompt_logprobs, tool_schema=tools.call_schema if tools else None)
+        job.tools = tools
+        return job
 
     @staticmethod
     def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens, prompt_logprobs,
-               default_max_tokens: Optional[int] = None) -> "Job":
+               default_max_tokens: Optional[int] = None, tool_schema: Optional[dict] = None) -> "Job":
         opts = body.sf_trt
         speculate = (opts.speculate if opts and opts.speculate else None) or state.default_speculate
         max_draft = (opts.max_draft if opts and opts.max_draft else None) or state.default_max_draft
@@ -119,7 +125,7 @@ class Job:
             bias = body.bias_pairs()
         except ValueError as exc:
             raise ApiError(400, Status.BAD_SAMPLING_PARAMS.name, str(exc), "logit_bias") from None
-        grammar = request_grammar(state, body)
+        grammar = request_grammar(state, body, tool_schema)
         choices = []
         for p, ids in enumerate(prompts):
             mt = 0 if prompt_only else _max_tokens(

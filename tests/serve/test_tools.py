@@ -1,0 +1,102 @@
+"""Tools through the official openai client, on the fake server (whose byte chat template,
+like SmolLM2's, has no tool support: the documented fallback, sf_trt/serve/tools.py).
+
+``tool_choice`` ``required`` and named: the grammar forces one call, which always parses
+into ``tool_calls`` with arguments that validate against the function's schema, the same
+with speculation on and off, greedy and sampled, streamed as a delta; a history holding
+assistant ``tool_calls`` and tool results is rendered; ``none`` ignores the tools;
+``auto`` and malformed tools are 400s naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+       "required": ["a", "b"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": ADD}}]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+ASK = [{"role": "user", "content": 'Weather in Oslo for 3 days? {"name":"get_weather","arguments":{"city":"Oslo","days":3}}'}]
+
+
+def call(client, speculate: str, temperature: float, **kw):
+    kw = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 200, "seed": 3, **kw}
+    return client.chat.completions.create(model="fake", temperature=temperature, extra_body={"sf_trt": {"speculate": speculate}}, **kw)
+
+
+def calls_of(response) -> list[tuple[str, str]]:
+    out = []
+    for c in response.choices:
+        assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
+        fn = c.message.tool_calls[0].function
+        jsonschema.validate(json.loads(fn.arguments), SCHEMAS[fn.name])
+        out.append((fn.name, fn.arguments))
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_required_forces_a_call_that_validates_and_speculation_keeps_it(client, temperature):
+    plain = calls_of(call(client, "none", temperature, n=3))
+    assert calls_of(call(client, "prompt-lookup", temperature, n=3)) == plain
+
+
+@pytest.mark.parametrize("name", ["get_weather", "add"])
+def test_a_named_tool_choice_calls_that_function(client, name):
+    choice = {"type": "function", "function": {"name": name}}
+    got = calls_of(call(client, "prompt-lookup", 0.9, tool_choice=choice, n=2))
+    assert {n for n, _ in got} == {name}
+    assert calls_of(call(client, "none", 0.9, tool_choice=choice, n=2)) == got
+
+
+def test_a_streamed_call_comes_as_a_tool_call_delta_equal_to_the_whole_answer(client):
+    (whole,) = calls_of(call(client, "prompt-lookup", 0.9))
+    deltas, reasons = [], []
+    for chunk in call(client, "prompt-lookup", 0.9, stream=True):
+        for ch in chunk.choices:
+            deltas += ch.delta.tool_calls or []
+            assert not ch.delta.content
+            reasons.append(ch.finish_reason)
+    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [(0, *whole)]
+    assert deltas[0].id.startswith("call_") and reasons[-1] == "tool_calls"
+
+
+def test_a_history_with_calls_and_tool_results_is_rendered_and_accepted(client):
+    first = call(client, "none", 0.0).choices[0].message
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [tc.model_dump() for tc in first.tool_calls]},
+        {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": '{"temperature": 21}'},
+        {"role": "user", "content": "Now add 2 and 3."},
+    ]
+    r = call(client, "prompt-lookup", 0.0, messages=history, tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=60)
+    assert calls_of(r)[0][0] == "add"
+    assert r.usage.prompt_tokens > call(client, "none", 0.0).usage.prompt_tokens + len('{"temperature": 21}')
+    plain = client.chat.completions.create(model="fake", messages=history, max_tokens=5, temperature=0, tools=TOOLS, tool_choice="none")
+    assert plain.choices[0].message.tool_calls is None  # none: the tools play no part, the history is still rendered
+
+
+def test_tool_choice_none_answers_as_without_tools(client):
+    kw = dict(model="fake", messages=ASK, max_tokens=20, temperature=0)
+    assert (client.chat.completions.create(**kw, tools=TOOLS, tool_choice="none").choices[0].message.content
+            == client.chat.completions.create(**kw).choices[0].message.content)
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"tools": TOOLS}, "tool_choice", "'auto' needs a chat template with tool support"),
+    ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", "'auto' needs"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope' is not among"),
+    ({"tools": [{"type": "function", "function": {}}], "tool_choice": "required"}, "tools", "tools[0]"),
+    ({"tools": TOOLS * 2, "tool_choice": "required"}, "tools", "occurs twice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "at most one"),
+])
+def test_tools_the_fallback_cannot_honour_are_a_400_naming_the_field(client, extra, param, words):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model="fake", messages=ASK, max_tokens=5, **extra)
+    assert exc.value.body["param"] == param and words in exc.value.body["message"], exc.value.body
