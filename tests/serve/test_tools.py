@@ -100,3 +100,25 @@ def test_tools_the_fallback_cannot_honour_are_a_400_naming_the_field(client, ext
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model="fake", messages=ASK, max_tokens=5, **extra)
     assert exc.value.body["param"] == param and words in exc.value.body["message"], exc.value.body
+
+
+@pytest.mark.slow
+def test_on_the_real_model_forced_calls_validate_and_speculation_keeps_them(real_model_dir, real_tokenizer):
+    """SmolLM2 (no tool support in its template): the fallback's calls, required and named,
+    greedy and sampled, parse and validate, the same with speculation on and off."""
+    from servers import live_server
+
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+
+    asks = ["What is the weather in Paris for the next 2 days?", "Please add 17 and 25.", "Is it raining in Lima this week?"]
+    with OrtDecoderPrimitives(real_model_dir, max_lanes=4, max_context=1024, threads=2) as prims, \
+            live_server(prims, tokenizer=real_tokenizer) as live, \
+            openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=300, max_retries=0) as client:
+        for i, ask in enumerate(asks):
+            for temperature in (0.0, 0.8):
+                choice = "required" if i != 1 else {"type": "function", "function": {"name": "add"}}
+                kw = dict(messages=[{"role": "user", "content": ask}], tool_choice=choice, max_tokens=80, seed=i)
+                got = calls_of(call(client, "prompt-lookup", temperature, **kw))
+                assert calls_of(call(client, "none", temperature, **kw)) == got
+                if i == 1:
+                    assert got[0][0] == "add"
