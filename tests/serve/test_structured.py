@@ -4,7 +4,8 @@
 with a pydantic model), vLLM's ``structured_outputs`` and ``guided_*`` on both routes:
 every output parses and validates, streamed or not, and is the same with speculation on
 and off, greedy and sampled, alone and among 16 concurrent requests; a constraint the
-engine cannot compile is a 400 naming its field.
+engine cannot compile is a 400 naming its field. LangChain's ``with_structured_output``
+(by schema and by function calling) and litellm's JSON mode work too.
 """
 
 from __future__ import annotations
@@ -136,3 +137,29 @@ def test_a_constraint_that_cannot_be_used_is_a_400_naming_it(client, extra, para
         client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "a"}], max_tokens=5, extra_body=extra)
     err = exc.value.body
     assert err["param"] == param and words in err["message"], err
+
+
+def test_langchain_with_structured_output_by_schema_and_by_function_calling(fake_server):
+    """LangChain's ``with_structured_output``: ``json_schema`` sends ``response_format``,
+    ``function_calling`` a tool with a named ``tool_choice`` (the grammar forces both)."""
+    import langchain_openai
+
+    class City(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=10)
+        coastal: bool
+
+    llm = langchain_openai.ChatOpenAI(base_url=f"{fake_server.url}/v1", api_key="unused", model="fake", temperature=0.5,
+                                      max_tokens=200, max_retries=0, timeout=30)
+    for method in ("json_schema", "function_calling"):
+        assert isinstance(llm.with_structured_output(City, method=method).invoke(EXAMPLE), City)
+
+
+def test_litellms_json_mode(fake_server):
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of the price list at import
+    import litellm
+
+    r = litellm.completion(model="openai/fake", api_base=f"{fake_server.url}/v1", api_key="unused", num_retries=0, max_tokens=50,
+                           temperature=0, messages=[{"role": "user", "content": "{} {} {}"}], response_format={"type": "json_object"})
+    assert json.loads(r.choices[0].message.content) == {}
