@@ -154,8 +154,8 @@ class SamplingParams:
 
     ``grammar``: a :class:`sf_trt.grammar.Grammar` (None: none) the lane's output must
     match: each row's forbidden tokens get -inf, after the adjustments above, and the end
-    token is allowed only where the grammar accepts. Not with ``IGNORE_EOS`` (a grammar
-    that is done allows only the end token).
+    token is allowed only where the grammar accepts. Not with ``IGNORE_EOS`` nor
+    ``min_tokens`` (a grammar that is done allows only the end token).
     """
 
     temperature: float = 1.0
@@ -228,6 +228,9 @@ class SamplingParams:
                 raise bad(f"grammar must be an sf_trt.grammar.Grammar (got {type(self.grammar).__name__})")
             if self.flags & SamplingFlag.IGNORE_EOS:
                 raise bad("grammar and IGNORE_EOS do not combine (a finished grammar allows only the end token)")
+            if self.min_tokens:
+                raise bad(f"grammar and min_tokens ({self.min_tokens}) do not combine (the grammar decides where the output "
+                          "ends; holding the end token back could leave no token to draw)")
 
     def check_for(self, mode: Sampling, *, top_k_limit: int, vocab: Optional[int] = None) -> str | None:
         """The reason these parameters cannot be used under ``mode`` (and, given ``vocab``,

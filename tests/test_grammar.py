@@ -166,8 +166,10 @@ def test_a_constraint_the_engine_cannot_compile_is_a_grammar_error_naming_it(kin
         grammar(kind, source)
 
 
-def test_a_grammar_refuses_ignore_eos_and_a_model_of_another_vocabulary():
+def test_a_grammar_refuses_ignore_eos_min_tokens_and_a_model_of_another_vocabulary():
     with pytest.raises(StatusError, match="IGNORE_EOS") as exc:
         SamplingParams(grammar=grammar(), flags=SamplingFlag.IGNORE_EOS)
     assert exc.value.status == Status.BAD_SAMPLING_PARAMS
+    with pytest.raises(StatusError, match="min_tokens"):
+        SamplingParams(grammar=grammar(), min_tokens=3)
     assert "vocabulary of 257" in SamplingParams(grammar=grammar()).check_for(Sampling.GPU_GREEDY, top_k_limit=64, vocab=300)

@@ -131,12 +131,15 @@ def test_sixteen_concurrent_constrained_requests_each_answer_what_they_answer_al
     ({"structured_outputs": {"xml": "<a/>"}}, "structured_outputs", "xml"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "at most one"),
     ({"guided_regex": "a", "sf_trt": {"ignore_eos": True}}, "guided_regex", "ignore_eos"),
+    ({"guided_regex": "a", "ignore_eos": True}, "guided_regex", "ignore_eos"),
+    ({"guided_regex": "a", "min_tokens": 4}, None, "min_tokens"),
 ])
 def test_a_constraint_that_cannot_be_used_is_a_400_naming_it(client, extra, param, words):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "a"}], max_tokens=5, extra_body=extra)
     err = exc.value.body
     assert err["param"] == param and words in err["message"], err
+    assert err["code"] == 400
 
 
 def test_langchain_with_structured_output_by_schema_and_by_function_calling(fake_server):
