@@ -14,7 +14,7 @@ from ..outputs import finish_reason
 from .errors import choice_failure
 from .jobs import Choice, Job, abort_job, job_outputs, take_output
 from .state import ServerState
-from .tools import ToolCall, parse_call
+from .tools import ToolCall, parse_calls
 
 __all__ = ["json_body", "sse_body"]
 
@@ -110,12 +110,13 @@ def _lp(c: Choice, k: Optional[int]) -> Optional[TokenLogprobs]:
     return None if k is None else TokenLogprobs.concat(c.logprobs, k)
 
 
-def _tool_call(job: Job, c: Choice) -> Optional[ToolCall]:
-    """The choice's call when its job forces one and the output ended where the grammar
-    accepts (an output cut by ``max_tokens`` stays text, with ``finish_reason: "length"``)."""
-    if job.tools is None or c.last is None or c.last.finish != Finish.EOS:
+def _tool_calls(job: Job, c: Choice) -> Optional[tuple[str, list[ToolCall]]]:
+    """``(content, calls)`` of a finished choice whose output holds tool calls, or None: no
+    tools, no call, or a forced call cut short (it stays text, ``finish_reason: "length"``)."""
+    if job.tools is None or c.last is None or (job.tools.call_schema is not None and c.last.finish != Finish.EOS):
         return None
-    return parse_call(c.text)
+    content, calls = parse_calls(c.text, job.tools)
+    return (content, calls) if calls else None
 
 
 def json_body(state: ServerState, job: Job) -> dict:
@@ -124,9 +125,9 @@ def json_body(state: ServerState, job: Job) -> dict:
     for c in job.choices:
         out = c.last
         item: dict[str, Any] = {"index": c.index}
-        call = _tool_call(job, c)
+        call = _tool_calls(job, c)
         if call is not None:
-            item["message"] = {"role": "assistant", "content": None, "tool_calls": [call.as_json()]}
+            item["message"] = {"role": "assistant", "content": call[0] or None, "tool_calls": [t.as_json() for t in call[1]]}
             item["logprobs"] = _chat_logprobs(tok, c.tokens, _lp(c, job.logprobs))
         elif job.kind == "chat":
             item["message"] = {"role": "assistant", "content": c.text}
@@ -212,9 +213,14 @@ async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
                     item["token_ids"] = out.tokens
                 yield chunk(item)
             if out.finished:
-                call = _tool_call(job, c)
-                if job.tools is not None:  # a forced call comes whole, in one delta, once the grammar accepted it
-                    delta = {"tool_calls": [call.as_json(index=0)]} if call is not None else {"content": c.text}
+                call = _tool_calls(job, c)
+                if job.tools is not None:  # with tools the text is held back: the calls come whole, parsed, at the end
+                    if call is not None:
+                        if call[0]:
+                            yield chunk({"index": c.index, "delta": {"content": call[0]}, "logprobs": None, "finish_reason": None})
+                        delta = {"tool_calls": [t.as_json(index=i) for i, t in enumerate(call[1])]}
+                    else:
+                        delta = {"content": c.text}
                     yield chunk({"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None})
                 reason = "tool_calls" if call is not None else finish_reason(out.finish, out.error)
                 end = {"index": c.index, "finish_reason": reason, "stop_reason": out.stop_reason, "logprobs": None}

@@ -70,11 +70,12 @@ def _asked(body: Any) -> list[tuple[str, str, Any]]:
     return asked
 
 
-def request_grammar(state: ServerState, body: Any, tool_schema: Optional[dict] = None) -> Optional[Grammar]:
+def request_grammar(state: ServerState, body: Any, tool_grammar: Optional[tuple] = None) -> Optional[Grammar]:
     """The body's constraint compiled for the served model, or None; a 400 when the body
-    asks for more than one, or for one that cannot be compiled. ``tool_schema``: the call
-    a ``tool_choice`` forces (:mod:`sf_trt.serve.tools`), one more constraint."""
-    asked = _asked(body) + ([("tool_choice", "json_schema", tool_schema)] if tool_schema is not None else [])
+    asks for more than one, or for one that cannot be compiled. ``tool_grammar``: the
+    ``(kind, source)`` of the call a ``tool_choice`` forces (:mod:`sf_trt.serve.tools`),
+    one more constraint."""
+    asked = _asked(body) + ([("tool_choice", *tool_grammar)] if tool_grammar is not None else [])
     if not asked:
         return None
     if len(asked) > 1:

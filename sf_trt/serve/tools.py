@@ -1,8 +1,15 @@
 """Tools on the chat route: ``tools``, ``tool_choice``, tool-role messages and assistant
 ``tool_calls`` in the history.
 
-sf_trt's models' chat templates (SmolLM2's, the fake's) have no tool support, so the
-documented fallback applies (docs/serving.md, "Tools"):
+A chat template with tool support (one that reads ``tools``: Hermes, Qwen) gets the tools
+and the history the transformers way (``tools=``, assistant ``tool_calls`` with their
+arguments as objects, ``tool`` messages), and the model answers with Hermes-style
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks: parsed into
+``tool_calls`` under ``auto``, forced by the grammar under ``required`` or a named
+function (:func:`call_grammar`).
+
+sf_trt's default model's chat template (SmolLM2's, and the fake's) has no tool support,
+so the documented fallback applies (docs/serving.md, "Tools"):
 
 - the tools' schemas go into the prompt: a system message lists them and says how to
   call one (a JSON object ``{"name": ..., "arguments": {...}}``), merged into the
@@ -27,20 +34,37 @@ from typing import Any, Optional
 
 from .errors import ApiError
 
-__all__ = ["ToolCall", "ToolPlan", "tool_plan", "chat_messages", "parse_call"]
+__all__ = ["TOOL_CALL_OPEN", "TOOL_CALL_CLOSE", "ToolCall", "ToolPlan", "tool_plan", "chat_messages", "parse_calls", "has_tool_support"]
 
 
 def _bad(message: str, param: str) -> ApiError:
     return ApiError(400, "BadRequestError", message, param)
 
 
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+"""The Hermes/Qwen call tags."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolPlan:
-    """What a request's tools do: the schema the output must match (``call_schema``: one
-    forced call) and the system text that lists the tools."""
+    """What a request's tools do. ``call_schema``: the call a ``required`` or named
+    ``tool_choice`` forces (None under ``auto``); ``native``: the template renders the
+    tools itself (``tools``: what it is given) and calls come in ``<tool_call>`` tags;
+    else ``system_text`` lists the tools (the fallback)."""
 
-    call_schema: dict
-    system_text: str
+    call_schema: Optional[dict]
+    native: bool
+    tools: tuple = ()
+    system_text: str = ""
+
+    def grammar(self) -> Optional[tuple[str, Any]]:
+        """``(kind, source)`` of the forced call's grammar, or None under ``auto``."""
+        if self.call_schema is None:
+            return None
+        if not self.native:
+            return "json_schema", self.call_schema
+        compact = {**self.call_schema, "x-guidance": {"whitespace_flexible": False}}  # as sf_trt.grammar's JSON
+        return "lark", (f'start: "{TOOL_CALL_OPEN}\\n" call "\\n{TOOL_CALL_CLOSE}"\ncall: %json ' + json.dumps(compact))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +96,17 @@ def _functions(tools: list[Any]) -> dict[str, dict]:
     return out
 
 
-def tool_plan(tools: Optional[list[Any]], tool_choice: Any) -> Optional[ToolPlan]:
+def tool_plan(tools: Optional[list[Any]], tool_choice: Any, native: bool) -> Optional[ToolPlan]:
     """The request's plan for its tools, or None when they play no part (no tools, or
-    ``tool_choice: "none"``); a 400 for what the fallback cannot honour."""
+    ``tool_choice: "none"``); a 400 for what cannot be honoured. ``native``: the chat
+    template has tool support."""
     if tool_choice is not None and not tools and tool_choice != "none":
         raise _bad(f"tool_choice {str(tool_choice)[:60]!r} needs tools", "tool_choice")
     if not tools or tool_choice == "none":
         return None
     functions = _functions(tools)
+    if (tool_choice is None or tool_choice == "auto") and native:
+        return ToolPlan(None, True, tuple(tools))
     if tool_choice is None or tool_choice == "auto":
         raise _bad("tool_choice: 'auto' needs a chat template with tool support, which this model's has not; "
                    "use 'required' or name a function (the grammar then forces a call), or 'none'", "tool_choice")
@@ -96,11 +123,13 @@ def tool_plan(tools: Optional[list[Any]], tool_choice: Any) -> Optional[ToolPlan
     calls = [{"type": "object", "properties": {"name": {"const": n}, "arguments": functions[n]["parameters"]},
               "required": ["name", "arguments"], "additionalProperties": False} for n in allowed]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if native:
+        return ToolPlan(schema, True, tuple(tools))
     listed = "\n".join(json.dumps(functions[n]) for n in functions)
     text = ("You can call these functions:\n" + listed + "\n\nCall "
             + ("one of them" if len(allowed) > 1 else f"the function {allowed[0]}")
             + ' now: answer with only a JSON object {"name": <function name>, "arguments": <its arguments>}.')
-    return ToolPlan(schema, text)
+    return ToolPlan(schema, False, system_text=text)
 
 
 def _call_text(call: Any, where: str) -> str:
@@ -115,15 +144,31 @@ def _call_text(call: Any, where: str) -> str:
     return json.dumps({"name": fn["name"], "arguments": parsed}, separators=(",", ":"))
 
 
-def chat_messages(messages: list[Any], plan: Optional[ToolPlan]) -> list[dict]:
-    """The conversation as the template's ``{"role", "content"}`` messages (module docstring)."""
+def _native_call(call: Any, where: str) -> dict:
+    """A history call the transformers way: ``{"type": "function", "function": {"name",
+    "arguments": <an object>}}`` (templates write ``arguments | tojson``)."""
+    obj = json.loads(_call_text(call, where))
+    return {"type": "function", "function": {"name": obj["name"], "arguments": obj["arguments"]}}
+
+
+def chat_messages(messages: list[Any], plan: Optional[ToolPlan], native: bool) -> list[dict]:
+    """The conversation as the template's messages (module docstring): ``{"role",
+    "content"}``, plus ``tool_calls`` / ``tool_call_id`` for a template with tool support."""
     out = []
     for i, m in enumerate(messages):
         content = m.text()
+        if native:
+            msg = {"role": m.role, "content": content}
+            if m.tool_calls:
+                msg["tool_calls"] = [_native_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls)]
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            out.append(msg)
+            continue
         if m.role == "assistant" and m.tool_calls:
             content = "\n".join([content] * bool(content) + [_call_text(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls)])
         out.append({"role": m.role, "content": content})
-    if plan is not None:
+    if plan is not None and not plan.native:
         if out[0]["role"] in ("system", "developer"):
             out[0] = {"role": out[0]["role"], "content": out[0]["content"] + "\n\n" + plan.system_text}
         else:
@@ -131,8 +176,7 @@ def chat_messages(messages: list[Any], plan: Optional[ToolPlan]) -> list[dict]:
     return out
 
 
-def parse_call(text: str) -> Optional[ToolCall]:
-    """The call in a forced output (the grammar's JSON object), or None if it is unfinished."""
+def _call_of(text: str) -> Optional[ToolCall]:
     try:
         obj = json.loads(text)
     except ValueError:
@@ -140,3 +184,29 @@ def parse_call(text: str) -> Optional[ToolCall]:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
         return None
     return ToolCall(obj["name"], json.dumps(obj["arguments"], separators=(",", ":")))
+
+
+def parse_calls(text: str, plan: ToolPlan) -> tuple[str, list[ToolCall]]:
+    """``(content, calls)`` of an output: the fallback's output is one JSON call; a native
+    one holds ``<tool_call>`` blocks (content: the text before the first). A block that
+    does not parse leaves the whole output as content, with no calls."""
+    if not plan.native:
+        call = _call_of(text)
+        return (text, []) if call is None else ("", [call])
+    first = text.find(TOOL_CALL_OPEN)
+    if first < 0:
+        return text, []
+    calls = []
+    for block in text[first:].split(TOOL_CALL_OPEN)[1:]:
+        body, sep, rest = block.partition(TOOL_CALL_CLOSE)
+        call = _call_of(body.strip()) if sep else None
+        if call is None or rest.strip():
+            return text, []
+        calls.append(call)
+    return text[:first].strip(), calls
+
+
+def has_tool_support(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders tools (a Jinja template reading ``tools``)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template

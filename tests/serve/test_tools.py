@@ -122,3 +122,84 @@ def test_on_the_real_model_forced_calls_validate_and_speculation_keeps_them(real
                 assert calls_of(call(client, "none", temperature, **kw)) == got
                 if i == 1:
                     assert got[0][0] == "add"
+
+
+# -- a chat template with tool support (Hermes/Qwen style) ---------------------------------------------
+
+
+class HermesBytes:
+    """The fake's byte tokenizer under a Hermes-style chat template that reads ``tools``:
+    the tools listed in a system turn, history calls as ``<tool_call>`` blocks."""
+
+    def __new__(cls):
+        from sf_trt.tokenizer import ByteTokenizer
+
+        class _Hermes(ByteTokenizer):
+            def __init__(self) -> None:
+                super().__init__(257, 256)
+                self.chat_template = "hermes-style test template: renders tools and tool_calls"
+
+            def apply_chat_template(self, messages, *, add_generation_prompt=True, tools=None, **extra):
+                text = "system: tools " + json.dumps([t["function"]["name"] for t in tools]) + "\n" if tools else ""
+                for m in messages:
+                    calls = "".join(f"<tool_call>{json.dumps(c['function'])}</tool_call>" for c in m.get("tool_calls", []))
+                    text += f"{m['role']}: {m['content']}{calls}\n"
+                return text + ("assistant:" if add_generation_prompt else "")
+
+            def encode_chat(self, messages, *, add_generation_prompt=True, **extra):
+                return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra))
+
+        return _Hermes()
+
+
+@pytest.fixture(scope="module")
+def hermes():
+    from servers import live_server
+
+    with live_server(tokenizer=HermesBytes()) as live, \
+            openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=30, max_retries=0) as client:
+        yield client
+
+
+HERMES_ASK = [{"role": "user", "content": 'Add 1 and 2. <tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'}]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_template_with_tool_support_gets_tool_call_tags_forced_by_the_grammar(hermes, temperature):
+    got = calls_of(call(hermes, "prompt-lookup", temperature, messages=HERMES_ASK, n=2))
+    assert calls_of(call(hermes, "none", temperature, messages=HERMES_ASK, n=2)) == got
+    stream = call(hermes, "prompt-lookup", temperature, messages=HERMES_ASK, stream=True)
+    deltas = [d for ch in stream for c in ch.choices for d in (c.delta.tool_calls or [])]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == got[:1]
+
+
+def test_auto_on_a_template_with_tool_support_parses_what_the_model_writes(hermes):
+    from sf_trt.serve.tools import ToolPlan, parse_calls
+
+    r = hermes.chat.completions.create(model="fake", messages=HERMES_ASK, tools=TOOLS, max_tokens=120, temperature=0)
+    m = r.choices[0].message
+    plan = ToolPlan(None, True, tuple(TOOLS))
+    raw = hermes.chat.completions.create(model="fake", messages=HERMES_ASK, tools=TOOLS, tool_choice="none", max_tokens=120,
+                                         temperature=0).choices[0].message.content
+    content, calls = parse_calls(raw, plan)  # tool_choice none renders no tools: the same prompt but the system turn
+    assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")
+    if m.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls" and all(json.loads(t.function.arguments) is not None for t in m.tool_calls)
+    text = 'Sure. <tool_call>\n{"name":"add","arguments":{"a":1}}\n</tool_call>\n<tool_call>{"name":"get_weather","arguments":{}}</tool_call>'
+    content, calls = parse_calls(text, plan)
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [("add", '{"a":1}'), ("get_weather", "{}")]
+    for broken in ('<tool_call>{"name":"add"}</tool_call>', "<tool_call>{not json}</tool_call>", '<tool_call>{"name":"a","arguments":{}}'):
+        assert parse_calls(broken, plan) == (broken, [])
+    assert parse_calls("no call", plan) == ("no call", [])
+
+
+def test_a_template_with_tool_support_renders_the_history_calls_and_results(hermes):
+    history = HERMES_ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+                                                              "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+    with_history = call(hermes, "none", 0.0, messages=history, max_tokens=80)
+    calls_of(with_history)
+    assert with_history.usage.prompt_tokens > call(hermes, "none", 0.0, messages=HERMES_ASK, max_tokens=80).usage.prompt_tokens + len(
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')
