@@ -203,3 +203,46 @@ def test_a_template_with_tool_support_renders_the_history_calls_and_results(herm
     calls_of(with_history)
     assert with_history.usage.prompt_tokens > call(hermes, "none", 0.0, messages=HERMES_ASK, max_tokens=80).usage.prompt_tokens + len(
         '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')
+
+
+QWEN_STYLE = (
+    "{%- if tools %}<|im_start|>system\nYou may call functions. <tools>\n{%- for t in tools %}{{ t | tojson }}\n{%- endfor %}"
+    "</tools>\nCall one as <tool_call>\n{\"name\": <name>, \"arguments\": <args>}\n</tool_call><|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{%- for c in m.tool_calls or [] %}<tool_call>\n{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}\n</tool_call>{%- endfor %}"
+    "<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+"""A Qwen/Hermes-style Jinja template (tools in a system turn, history calls in <tool_call> tags)."""
+
+
+@pytest.mark.slow
+def test_on_the_real_model_a_qwen_style_template_renders_tools_and_forced_calls_validate(real_model_dir, real_tokenizer):
+    """SmolLM2's weights and tokenizer under a Jinja template with tool support: the real
+    renderer is given ``tools=`` and the history's calls; forced calls come in
+    ``<tool_call>`` tags, parse and validate, with speculation on and off."""
+    from servers import live_server
+
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.tokenizer import Tokenizer
+
+    tok = Tokenizer(real_tokenizer._hf, bos=real_tokenizer.bos, eos=real_tokenizer.eos, chat_template=QWEN_STYLE)
+    history = [{"role": "user", "content": "Add 2 and 3."},
+               {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+               {"role": "tool", "content": "5"}]
+    text = tok.apply_chat_template(history, tools=TOOLS)
+    assert '"name": "get_weather"' in text and '<tool_call>\n{"arguments": {"a": 2, "b": 3}, "name": "add"}\n</tool_call>' in text
+    with OrtDecoderPrimitives(real_model_dir, max_lanes=4, max_context=1024, threads=2) as prims, \
+            live_server(prims, tokenizer=tok) as live, \
+            openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=300, max_retries=0) as client:
+        asks = [{"role": "user", "content": "What is the weather in Paris for the next 2 days?"}]
+        for temperature in (0.0, 0.8):
+            got = calls_of(call(client, "prompt-lookup", temperature, messages=asks, max_tokens=80))
+            assert calls_of(call(client, "none", temperature, messages=asks, max_tokens=80)) == got
+        chat_history = [{"role": "user", "content": "Add 2 and 3."},
+                        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                                "function": {"name": "add", "arguments": '{"a":2,"b":3}'}}]},
+                        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+                        {"role": "user", "content": "And the weather in Oslo for 3 days?"}]
+        calls_of(call(client, "prompt-lookup", 0.0, messages=chat_history, max_tokens=80))
+        auto = client.chat.completions.create(model="fake", messages=asks, tools=TOOLS, max_tokens=60, temperature=0)
+        assert auto.choices[0].finish_reason in ("tool_calls", "stop", "length")  # auto: whatever the model writes, parsed
