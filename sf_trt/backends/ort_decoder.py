@@ -8,7 +8,8 @@ layout and keeps the KV cache on the host:
 * the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
   max_context + 1, head_dim]`` of the decoder's compute type (float32, or float16 for
   an fp16 export; position ``max_context`` of each lane is
-  the trash slot padding rows write to), allocated once. Each lane slot's cache
+  the trash slot padding rows write to), allocated once, in small pages that are committed
+  as positions are first written (:func:`lazy_zeros`). Each lane slot's cache
   lives in one *row* of the arrays' lane axis, not necessarily its own: a run
   needs its lanes' rows side by side, so that each layer's input is an OrtValue
   over a view of the arrays (made once per row range, bound with IOBinding) and
@@ -40,6 +41,7 @@ would cost more than another pass over the weights (:meth:`_plan_runs`).
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -54,7 +56,7 @@ from .ort_logprobs import HostLogprobs
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
-__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
+__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model", "lazy_zeros"]
 
 
 _GREEDY = int(Sampling.GPU_GREEDY)
@@ -85,6 +87,26 @@ class PassLogits(np.ndarray):
         if self.greedy is not None:
             out.greedy = self.greedy[index]
         return out
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array whose memory is committed in small (4 KiB) pages as they are first written.
+
+    ``np.zeros`` asks the kernel for transparent huge pages on arrays of 4 MiB and more, so the
+    first write anywhere in a 2 MiB stretch zeroes (and may first compact memory for) all of it.
+    A KV cache is written a position at a time across every (layer, lane, head) row: with huge
+    pages a lane's first prefill paid for its whole window, 1-3 s at the model's context of 8192
+    on this CPU, and the RSS grew by the window instead of the positions written
+    (docs/benchmarks.md, "Reproducing our own numbers"). Where the platform has no anonymous
+    ``mmap`` this is ``np.zeros``."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where the kernel's THP setting is "always"
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 def _bad(what: str) -> StatusError:
@@ -232,8 +254,8 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         cfg, caps = self.config, self.capabilities
         shape = (cfg.n_layers, caps.max_lanes, cfg.n_kv_heads, caps.max_context + 1, cfg.head_dim)
         dtype = _CACHE_TYPES[self.precision]
-        self._keys = np.zeros(shape, dtype)
-        self._values = np.zeros(shape, dtype)
+        self._keys = lazy_zeros(shape, dtype)
+        self._values = lazy_zeros(shape, dtype)
         self._binding = self._session.io_binding()
         self._ort = ort
         self._views: dict[tuple[int, int], list] = {}  # (first row, rows) -> OrtValues of that range
