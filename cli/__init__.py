@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from sf_trt.export.gguf_llama import GGUFError
+    from sf_trt.export.hf_checkpoint import HFError
     from sf_trt.formats.files import NotWritable, Terminated
     from sf_trt.formats.model_dir import ModelDirError
     from sf_trt.models import ModelError
@@ -52,7 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except StatusError as exc:
         _say(f"{exc} [{exc.status.name}]")
-    except (CliError, ModelError, ModelDirError, GGUFError, TokenizerError, NotWritable) as exc:
+    except (CliError, ModelError, ModelDirError, GGUFError, HFError, TokenizerError, NotWritable) as exc:
         _say(str(exc))
     except Terminated as exc:
         _say(f"{exc}; unfinished files removed")

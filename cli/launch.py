@@ -38,8 +38,8 @@ def note(msg: str) -> None:
 
 def resolve(args: argparse.Namespace, *, progress: bool = True) -> Resolved:
     """The model the flags name: ``--model DIR`` as it is (its files checked
-    against their digests), ``--gguf PATH`` or the default model exported into
-    the cache on first use (progress on stderr; the cache checked writable
+    against their digests), ``--gguf PATH``, ``--hf DIR`` or the default model exported
+    into the cache on first use (progress on stderr; the cache checked writable
     before anything is fetched or built)."""
     from sf_trt import models
     from sf_trt.export.pipeline import default_model_dir, export_model_dir
@@ -47,10 +47,10 @@ def resolve(args: argparse.Namespace, *, progress: bool = True) -> Resolved:
     if args.model is not None:
         model_dir = ModelDir.open(args.model)
     else:
-        if args.gguf is not None:
-            gguf = models.check_gguf(args.gguf)
+        source = models.check_source(gguf=args.gguf, hf=getattr(args, "hf", None))
+        if source is not None:
             with models.cache_lock():  # processes sharing the cache export it once
-                path = export_model_dir(gguf, models.export_dir(gguf, args.weights), progress=progress, weight_dtype=args.weights)
+                path = export_model_dir(source, models.export_dir(source, args.weights), progress=progress, weight_dtype=args.weights)
         else:
             path = default_model_dir(progress=progress, weight_dtype=args.weights)
         model_dir = ModelDir.open(path, verify=False)  # checked (or written) just now

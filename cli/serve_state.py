@@ -42,6 +42,8 @@ def served_model_name(args) -> str:
         return args.model.name
     if args.gguf is not None:
         return args.gguf.name.removesuffix(".gguf")
+    if getattr(args, "hf", None) is not None:
+        return args.hf.resolve().name
     from sf_trt import models
 
     return models.DEFAULT_MODEL.model_name

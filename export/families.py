@@ -108,7 +108,7 @@ class Family:
         return tuple(out + [(f, False) for f in self.optional if f not in self.required])
 
     def hf_name(self, field: str) -> str:
-        return dict(self.hf_names).get(field, HF_LAYER_NAMES[field])
+        return dict(self.hf_names).get(field) or HF_LAYER_NAMES[field]
 
     def sliding_layers(self, n_layers: int, window: int) -> tuple[int, ...]:
         """The layers a configured ``window`` (0: none) applies to."""

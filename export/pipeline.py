@@ -15,6 +15,7 @@ process is removed by the next export to that place.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -50,20 +51,21 @@ def export_model_dir(
     force: bool = False,
     gguf_sha256: str | None = None,
 ) -> Path:
-    """Write (or reuse) an onnxruntime/TensorRT-ready model directory for a GGUF.
+    """Write (or reuse) an onnxruntime/TensorRT-ready model directory for a GGUF file, or for a
+    Hugging Face checkpoint directory (:mod:`~sf_trt.export.hf_checkpoint`) when ``gguf_path``
+    is a directory.
 
-    A directory whose recorded GGUF digest, weight dtype, precision and format match and
+    A directory whose recorded source digest, weight dtype, precision and format match and
     whose files match their digests is reused as it is; another export (or a
     damaged one) there is replaced; a directory holding anything else is
     refused with :class:`OutDirError` unless ``force``. ``weight_dtype``:
-    ``"float32"`` (the GGUF's values exactly) or ``"int8"`` (see
+    ``"float32"`` (the source's values exactly) or ``"int8"`` (see
     :func:`~sf_trt.export.decoder_graph.build_decoder_graph`); ``precision``: the
     decoder's compute type (:data:`~sf_trt.formats.model_dir.PRECISIONS`).
-    ``gguf_sha256``: the GGUF's digest when the caller has checked it already.
+    ``gguf_sha256``: the source's digest when the caller has checked it already.
     Progress goes to stderr.
     """
     from .decoder_graph import build_decoder_graph  # the build side, imported when a build runs
-    from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
 
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"export_model_dir: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
@@ -72,12 +74,12 @@ def export_model_dir(
     out = Path(out_dir)
     say = _say if progress else (lambda msg: None)
     sweep_stale(out)  # what killed exports to this place left behind
-    digest = gguf_sha256 or sha256_file(gguf_path)
+    digest = gguf_sha256 or source_digest(gguf_path)
     try:
         found = ModelDir.open(out)
         if found.gguf_sha256 == digest and found.weights == weight_dtype and found.precision == precision:
             return out
-        reason = "it holds an export of another GGUF, weight dtype or precision"
+        reason = "it holds an export of another source, weight dtype or precision"
     except ModelDirError as exc:
         reason = str(exc)
     check_out_dir(out, force=force)
@@ -85,16 +87,40 @@ def export_model_dir(
         say(f"rebuilding {out}: {reason}")
     t0 = time.perf_counter()
     say(f"reading {gguf_path}")
-    reader = open_reader(gguf_path)
-    cfg, weights = load_gguf(reader, progress=progress)
-    tok = read_tokenizer(reader)
-    say(f"building the decoder graph ({cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
+    cfg, weights, tok, source = read_source(gguf_path, progress)
+    say(f"building the decoder graph ({cfg.arch}, {cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
     model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision)
     del weights
-    source = {"path": str(Path(gguf_path).resolve()), "sha256": digest, "name": model_name(reader)}
-    write_model_dir(out, cfg, model, tok, source, weight_dtype, force=force)
+    write_model_dir(out, cfg, model, tok, {**source, "sha256": digest}, weight_dtype, force=force)
     say(f"exported {out} in {time.perf_counter() - t0:.1f}s")
     return out
+
+
+def source_digest(path: str | os.PathLike) -> str:
+    """The sha256 of a GGUF file; of a checkpoint directory, the sha256 over its files' names and
+    digests (config, weights, tokenizer)."""
+    from .hf_checkpoint import TOKENIZER_FILES, hf_files, is_hf_dir
+
+    if not is_hf_dir(path):
+        return sha256_file(path)
+    d = Path(path)
+    names = ["config.json", *(p.name for p in hf_files(d)), "model.safetensors.index.json", *TOKENIZER_FILES]
+    listing = "".join(f"{n} {sha256_file(d / n)}\n" for n in dict.fromkeys(names) if (d / n).is_file())
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def read_source(path: str | os.PathLike, progress: bool = False) -> tuple[LlamaConfig, Any, Any, dict[str, Any]]:
+    """``(config, weights, tokenizer, source facts)`` of a GGUF file or a checkpoint directory."""
+    from .hf_checkpoint import is_hf_dir, load_hf, read_hf_tokenizer
+
+    if is_hf_dir(path):
+        cfg, weights = load_hf(path, progress=progress)
+        return cfg, weights, read_hf_tokenizer(path, cfg), {"kind": "hf", "path": str(Path(path).resolve()), "name": Path(path).name}
+    from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
+
+    reader = open_reader(path)
+    cfg, weights = load_gguf(reader, progress=progress)
+    return cfg, weights, read_tokenizer(reader), {"kind": "gguf", "path": str(Path(path).resolve()), "name": model_name(reader)}
 
 
 def check_out_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
