@@ -32,7 +32,10 @@ from sf_trt.formats.model_dir import LlamaConfig
 from .families import FAMILIES, Family
 from .gguf_llama import LlamaLayerWeights, LlamaWeights, layer_from_file, layer_shapes
 
-__all__ = ["HFError", "read_hf_config", "load_hf", "read_hf_tokenizer", "rope_factors", "hf_files", "is_hf_dir"]
+__all__ = [
+    "HFError", "read_hf_config", "load_hf", "read_hf_tokenizer", "rope_factors", "hf_files", "is_hf_dir", "check_hf_tensors",
+    "hf_tensor_table",
+]
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -273,6 +276,31 @@ def _expected(cfg: LlamaConfig, fam: Family, present: set[str]) -> dict[str, tup
     return out
 
 
+def check_hf_tensors(path: Path, cfg: LlamaConfig, where: dict[str, tuple[Path, str, tuple[int, ...]]]) -> dict[str, tuple[str | None, str, tuple[int, ...]]]:
+    """The tensors ``cfg`` uses (:func:`_expected`), after checking the checkpoint's table
+    (``{name: (file, dtype, shape)}``) against them before anything is read: no tensor unused,
+    none missing, every shape and dtype as expected. :class:`HFError` names the first mismatch."""
+    expected = _expected(cfg, FAMILIES[cfg.arch], set(where))
+    unused = [n for n in where if n not in expected]
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise HFError(f"{path}: tensor {unused[0]!r}{more} is not used by sf_trt's {cfg.arch} decoder; refusing to ignore it")
+    for name, (_, _, shape) in expected.items():
+        if name not in where:
+            raise HFError(f"{path}: the checkpoint has no tensor {name!r} (expected a {cfg.arch} model)")
+        f, dtype, got = where[name]
+        if got != shape:
+            raise HFError(f"{f}: tensor {name!r} has shape {got}, config.json implies {shape}")
+        if dtype not in DTYPES:
+            raise HFError(f"{f}: tensor {name!r} is {dtype} (supported: {', '.join(DTYPES)})")
+    return expected
+
+
+def hf_tensor_table(path: str | os.PathLike) -> dict[str, tuple[Path, str, tuple[int, ...]]]:
+    """``{name: (file, dtype, shape)}`` of every tensor of the checkpoint at ``path`` (headers only)."""
+    return _Tensors(hf_files(path)).where
+
+
 def load_hf(path: str | os.PathLike, progress: bool | Callable[[Iterable], Iterable] = False) -> tuple[LlamaConfig, LlamaWeights]:
     """Config and float32 weights of the checkpoint directory ``path``; :class:`HFError` names
     a missing or unused tensor, a shape that disagrees with config.json, a dtype other than
@@ -281,19 +309,7 @@ def load_hf(path: str | os.PathLike, progress: bool | Callable[[Iterable], Itera
     cfg, scaling = read_hf_config(d)
     fam = FAMILIES[cfg.arch]
     tensors = _Tensors(hf_files(d))
-    expected = _expected(cfg, fam, set(tensors.where))
-    unused = [n for n in tensors.where if n not in expected]
-    if unused:
-        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
-        raise HFError(f"{d}: tensor {unused[0]!r}{more} is not used by sf_trt's {cfg.arch} decoder; refusing to ignore it")
-    for name, (_, _, shape) in expected.items():
-        if name not in tensors.where:
-            raise HFError(f"{d}: the checkpoint has no tensor {name!r} (expected a {cfg.arch} model)")
-        f, dtype, got = tensors.where[name]
-        if got != shape:
-            raise HFError(f"{f}: tensor {name!r} has shape {got}, config.json implies {shape}")
-        if dtype not in DTYPES:
-            raise HFError(f"{f}: tensor {name!r} is {dtype} (supported: {', '.join(DTYPES)})")
+    expected = check_hf_tensors(d, cfg, tensors.where)
     names: Iterable[str] = list(expected)
     if progress is True:
         from tqdm import tqdm

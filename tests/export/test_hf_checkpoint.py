@@ -169,3 +169,24 @@ def test_the_command_line_runs_a_checkpoint_directory(tmp_path):
     proc = sf_trt("export", "--hf", str(tmp_path / "absent"), env=env)
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"sf-trt: {tmp_path / 'absent'}: no such directory (expected a Hugging Face checkpoint directory)"
+
+
+def test_inspect_says_what_a_source_holds_and_whether_it_is_supported(tmp_path):
+    """``sf-trt inspect``: a supported checkpoint and GGUF, and an unsupported one with the export's own reason."""
+    from cli_run import sf_trt
+    from tiny_gguf import write_tiny_gguf
+
+    out = sf_trt("inspect", str(FIXTURES / "gemma3"), check=True).stdout
+    assert "architecture  gemma3_text" in out and "sliding window 8 on 1 of 2 layers" in out and "BF16 x28" in out
+    assert out.rstrip().endswith("supported     yes")
+    write_tiny_gguf(tmp_path / "q3.gguf", family_name="qwen3")
+    facts = json.loads(sf_trt("inspect", "--json", str(tmp_path / "q3.gguf"), check=True).stdout)
+    assert (facts["kind"], facts["architecture"], facts["supported"], facts["config"]["head_dim"]) == ("gguf", "qwen3", True, 32)
+    write_tiny_gguf(tmp_path / "phi.gguf", family_name="phi3", extra={"blk.0.attn_q.bias": np.zeros(64, np.float32)})
+    proc = sf_trt("inspect", str(tmp_path / "phi.gguf"))
+    assert proc.returncode == 1
+    assert proc.stdout.rstrip().endswith("supported     no: " + f"{tmp_path / 'phi.gguf'}: tensor 'blk.0.attn_q.bias' is not used by sf_trt's phi3 decoder; refusing to ignore it")
+    d = _copy("llama", tmp_path)
+    _edit_config(d, model_type="gpt_neox")
+    facts = json.loads(sf_trt("inspect", "--json", str(d)).stdout)
+    assert facts["supported"] is False and "model_type 'gpt_neox' is not supported" in facts["reason"]
