@@ -107,6 +107,8 @@ pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -164,6 +166,7 @@ def build_decoder_graph(
     cache_inputs: str = "slots",
     weight_dtype: str = "float32",
     precision: str = "fp32",
+    external_data: str | os.PathLike | None = None,
 ) -> onnx.ModelProto:
     """The decoder graph (see the module docstring for inputs and outputs).
 
@@ -180,11 +183,18 @@ def build_decoder_graph(
 
     ``precision`` (:data:`~sf_trt.formats.model_dir.PRECISIONS`) is the compute type of
     the weights, matmuls and KV cache (module docstring, *Precision*).
+
+    ``external_data``: a file each weight is appended to as the graph is built (ONNX external
+    data, located by the file's name beside the graph): with weights that load lazily
+    (:class:`~sf_trt.export.gguf_llama.LazyArray`), a build holds about one tensor at a time,
+    not the model. The graph must then be saved into that file's directory.
     """
     _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision)
     if cache_inputs == "pass":  # the slots form, its lanes' caches taken directly (pass_form)
-        return pass_form(build_decoder_graph(cfg, weights, max_lanes, max_context, weight_dtype=weight_dtype, precision=precision))
-    d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs, precision)
+        return pass_form(build_decoder_graph(
+            cfg, weights, max_lanes, max_context, weight_dtype=weight_dtype, precision=precision, external_data=external_data,
+        ))
+    d = _Decoder(GraphBuilder(external_data), cfg, weight_dtype, cache_inputs, precision)
     d.weights = weights
     x = d.pass_inputs(weights, max_context)
     new_kv: list[str] = []
@@ -306,7 +316,7 @@ class _Decoder:
         """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul), plus their
         biases where the layer has any, RMSNorm'd by ``post_norm`` (a float32 weight) when given, plus
         ``residual`` (the float32 stream) when given."""
-        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else getattr(layer, fields[0])
+        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else np.asarray(getattr(layer, fields[0]))
         bias = _bias(layer, fields)
         plain = bias is None and post_norm is None
         if self.weight_dtype == "q4":

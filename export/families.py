@@ -107,6 +107,11 @@ class Family:
         out = [(f, True) for f in self.required if f not in replaced] + [(f, True) for f in self.fused]
         return tuple(out + [(f, False) for f in self.optional if f not in self.required])
 
+    def source_of(self, field: str) -> str:
+        """The field of the file's tensor that ``field`` is read from: a fused matrix for its parts."""
+        fused = {"wq": "w_qkv", "wk": "w_qkv", "wv": "w_qkv", "w_gate": "w_gate_up", "w_up": "w_gate_up"}.get(field)
+        return fused if fused in self.fused else field
+
     def hf_name(self, field: str) -> str:
         return dict(self.hf_names).get(field) or HF_LAYER_NAMES[field]
 

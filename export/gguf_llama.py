@@ -70,6 +70,24 @@ class LlamaLayerWeights:
         return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
 
 
+class LazyArray:
+    """A float32 array of a known ``shape`` read only when it is used (``np.asarray``), and again
+    on each use: an export holds one tensor at a time, not the model."""
+
+    def __init__(self, shape: tuple[int, ...], load: Callable[[], np.ndarray]) -> None:
+        self.shape, self._load = tuple(shape), load
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        values = self._load()
+        if tuple(values.shape) != self.shape:
+            raise GGUFError(f"a tensor read as {tuple(values.shape)}, its table says {self.shape}")
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+
 def layer_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """The numpy shape of every per-layer field of ``cfg`` (:class:`LlamaLayerWeights`)."""
     q, kv, h, f, hd = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.hidden, cfg.ffn, cfg.head_dim
@@ -407,63 +425,100 @@ def _raw_blocks(tensor) -> np.ndarray:
 
 
 def load_gguf(
-    path: Any, progress: bool | Callable[[Iterable], Iterable] = False
+    path: Any, progress: bool | Callable[[Iterable], Iterable] = False, *, lazy: bool = False,
 ) -> tuple[LlamaConfig, LlamaWeights]:
     """Config and float32 weights of the GGUF at ``path`` (or an open ``GGUFReader``).
 
     ``progress``: True for a tqdm bar over the tensors (or a wrapper of your own).
+    ``lazy``: every tensor a :class:`LazyArray`, dequantized when it is used (after the same
+    checks of the tensor table).
     Raises :class:`GGUFError` for a missing, truncated or foreign file, an
     architecture sf_trt does not support, a missing tensor, a tensor the model
     would not use, or a tensor type gguf cannot dequantize.
     """
-    from .families import GGUF_LAYER_NAMES, family
-
     reader = path if hasattr(path, "tensors") else open_reader(path)
     cfg = read_config(reader)
     by_name = check_tensors(reader, cfg)  # before anything is allocated
-    wanted = list(expected_shapes(cfg, by_name))
-    names: Iterable[str] = wanted
+    weights = _lazy_weights(reader, cfg, by_name)
+    return cfg, (weights if lazy else materialized(weights, progress))
+
+
+def materialized(weights: LlamaWeights, progress: bool | Callable[[Iterable], Iterable] = False) -> LlamaWeights:
+    """``weights`` with every :class:`LazyArray` read into a float32 array (``progress`` as for
+    :func:`load_gguf`)."""
+    items = [(None, "tok_embd"), (None, "lm_head")] + [(layer, f) for layer in weights.layers for f in layer.present()]
+    steps: Iterable = items
     if progress is True:
         from tqdm import tqdm
 
-        names = tqdm(wanted, desc="dequantize", unit="tensor")
+        steps = tqdm(items, desc="dequantize", unit="tensor")
     elif callable(progress):
-        names = progress(wanted)
+        steps = progress(items)
+    top = {}
     try:
-        arrays = {name: _dequantize(reader, by_name[name]) for name in names}
-        raw = {name: (by_name[name].tensor_type.name, _raw_blocks(by_name[name])) for name in wanted if by_name[name].tensor_type.name in _BLOCK_TYPES}
+        for layer, f in steps:
+            value = getattr(weights if layer is None else layer, f)
+            if isinstance(value, LazyArray):
+                value = np.asarray(value)
+            if layer is None:
+                top[f] = value
+            else:
+                setattr(layer, f, value)
     finally:
-        if hasattr(names, "close"):
-            names.close()  # a bar left open prints itself after the error message
+        if hasattr(steps, "close"):
+            steps.close()  # a bar left open prints itself after the error message
+    return dataclasses.replace(weights, **top)
+
+
+def _lazy_weights(reader, cfg: LlamaConfig, by_name: dict[str, Any]) -> LlamaWeights:
+    """:func:`load_gguf`'s weights as :class:`LazyArray` s (the small ones, and the raw blocks
+    ``weights="q4"`` carries, read now)."""
+    from .families import GGUF_LAYER_NAMES, family
+
     fam = family(cfg.arch)
-    layers, blocks = [], {}
+    shapes = layer_shapes(cfg)
+
+    def field(i: int, f: str) -> LazyArray:
+        src = fam.source_of(f)
+        tensor = by_name[f"blk.{i}.{GGUF_LAYER_NAMES[src]}"]
+        return LazyArray(shapes[f], lambda: layer_from_file(cfg, fam, {src: _dequantize(reader, tensor)}, order=fam.gguf_rope)[f])
+
+    def whole(name: str) -> LazyArray:
+        return LazyArray(tuple(int(d) for d in reversed(by_name[name].shape.tolist())), lambda: _dequantize(reader, by_name[name]))
+
+    layers = []
     for i in range(cfg.n_layers):
-        held = {f: f"blk.{i}.{GGUF_LAYER_NAMES[f]}" for f, _ in fam.file_fields() if f"blk.{i}.{GGUF_LAYER_NAMES[f]}" in arrays}
-        layers.append(LlamaLayerWeights(**layer_from_file(cfg, fam, {f: arrays[n] for f, n in held.items()}, order=fam.gguf_rope)))
-        kinds = {f: raw[n][0] for f, n in held.items() if n in raw}
-        for f, rows in layer_from_file(cfg, fam, {f: raw[n][1] for f, n in held.items() if n in raw}, order=fam.gguf_rope).items():
-            blocks[f"layers.{i}.{f}"] = (kinds.get(f) or kinds["w_qkv" if f in ("wq", "wk", "wv") else "w_gate_up"], rows)
+        held = [f for f in fam.layer_fields if f"blk.{i}.{GGUF_LAYER_NAMES[fam.source_of(f)]}" in by_name]
+        layers.append(LlamaLayerWeights(**{f: field(i, f) for f in held}))
+    blocks = {}
+    for i in range(cfg.n_layers):
+        for f in fam.layer_fields:
+            src = fam.source_of(f)
+            tensor = by_name.get(f"blk.{i}.{GGUF_LAYER_NAMES[src]}")
+            if tensor is not None and f.startswith("w") and tensor.tensor_type.name in _BLOCK_TYPES:
+                rows = layer_from_file(cfg, fam, {src: _raw_blocks(tensor)}, order=fam.gguf_rope)[f]
+                blocks[f"layers.{i}.{f}"] = (tensor.tensor_type.name, rows)
     for name, key in (("token_embd.weight", "tok_embd"), ("output.weight", "lm_head")):
-        if name in raw:
-            blocks[key] = raw[name]
-    factors = arrays.get(ROPE_FREQS)
-    linear = _field(reader, f"{cfg.arch}.rope.scaling.type", "none", required=False) == "linear"
-    if linear:
-        factor = float(_field(reader, f"{cfg.arch}.rope.scaling.factor", 1.0, required=False))
-        factors = (np.ones(cfg.head_dim // 2, np.float32) if factors is None else factors) * np.float32(factor)
+        if name in by_name and by_name[name].tensor_type.name in _BLOCK_TYPES:
+            blocks[key] = (by_name[name].tensor_type.name, _raw_blocks(by_name[name]))
     weights = LlamaWeights(
-        tok_embd=arrays["token_embd.weight"],
-        layers=layers,
-        output_norm=arrays["output_norm.weight"],
-        lm_head=None if cfg.tied_embeddings else arrays["output.weight"],
-        blocks=blocks,
-        rope_factors=factors,
+        tok_embd=whole("token_embd.weight"), layers=layers, output_norm=_dequantize(reader, by_name["output_norm.weight"]),
+        lm_head=None if cfg.tied_embeddings else whole("output.weight"), blocks=blocks, rope_factors=_rope_factors(reader, cfg, by_name),
     )
     try:
         weights.check(cfg)
     except ValueError as exc:
         raise GGUFError(f"{_path_of(reader)}: {exc}") from exc
-    return cfg, weights
+    return weights
+
+
+def _rope_factors(reader, cfg: LlamaConfig, by_name: dict[str, Any]) -> np.ndarray | None:
+    """Llama 3's ``rope_freqs.weight``, times a linear scaling's factor when the file sets one."""
+    factors = _dequantize(reader, by_name[ROPE_FREQS]) if ROPE_FREQS in by_name else None
+    if _field(reader, f"{cfg.arch}.rope.scaling.type", "none", required=False) == "linear":
+        factor = float(_field(reader, f"{cfg.arch}.rope.scaling.factor", 1.0, required=False))
+        factors = (np.ones(cfg.head_dim // 2, np.float32) if factors is None else factors) * np.float32(factor)
+    return factors
 
 
 def model_name(reader) -> str | None:

@@ -30,7 +30,7 @@ import numpy as np
 from sf_trt.formats.model_dir import LlamaConfig
 
 from .families import FAMILIES, Family
-from .gguf_llama import LlamaLayerWeights, LlamaWeights, layer_from_file, layer_shapes
+from .gguf_llama import LazyArray, LlamaLayerWeights, LlamaWeights, layer_from_file, layer_shapes, materialized
 
 __all__ = [
     "HFError", "read_hf_config", "load_hf", "read_hf_tokenizer", "rope_factors", "hf_files", "is_hf_dir", "check_hf_tensors",
@@ -301,41 +301,42 @@ def hf_tensor_table(path: str | os.PathLike) -> dict[str, tuple[Path, str, tuple
     return _Tensors(hf_files(path)).where
 
 
-def load_hf(path: str | os.PathLike, progress: bool | Callable[[Iterable], Iterable] = False) -> tuple[LlamaConfig, LlamaWeights]:
+def load_hf(path: str | os.PathLike, progress: bool | Callable[[Iterable], Iterable] = False, *, lazy: bool = False) -> tuple[LlamaConfig, LlamaWeights]:
     """Config and float32 weights of the checkpoint directory ``path``; :class:`HFError` names
     a missing or unused tensor, a shape that disagrees with config.json, a dtype other than
-    BF16/F16/F32, or a damaged file."""
+    BF16/F16/F32, or a damaged file. ``progress`` and ``lazy`` as for
+    :func:`~.gguf_llama.load_gguf` (the tensor table is checked before anything is read)."""
     d = Path(path)
     cfg, scaling = read_hf_config(d)
     fam = FAMILIES[cfg.arch]
     tensors = _Tensors(hf_files(d))
     expected = check_hf_tensors(d, cfg, tensors.where)
-    names: Iterable[str] = list(expected)
-    if progress is True:
-        from tqdm import tqdm
+    by_field = {(key, field): name for name, (field, key, _) in expected.items()}
+    shapes = layer_shapes(cfg)
 
-        names = tqdm(list(expected), desc="read", unit="tensor")
-    elif callable(progress):
-        names = progress(list(expected))
-    top: dict[str, np.ndarray] = {}
-    per_layer: list[dict[str, np.ndarray]] = [{} for _ in range(cfg.n_layers)]
-    for name in names:
-        field, key, _ = expected[name]
-        if field is None:
-            top[key] = tensors.read(name)
-        else:
-            per_layer[int(key)][field] = tensors.read(name)
-    layers = [LlamaLayerWeights(**layer_from_file(cfg, fam, t, order="half", norm_offset=fam.hf_norm_offset)) for t in per_layer]
-    offset = np.float32(fam.hf_norm_offset)
+    def field(i: int, f: str) -> LazyArray:
+        src = fam.source_of(f)
+        name = by_field[(str(i), src)]
+        return LazyArray(shapes[f], lambda: layer_from_file(cfg, fam, {src: tensors.read(name)}, order="half", norm_offset=fam.hf_norm_offset)[f])
+
+    def whole(key: str) -> LazyArray:
+        name = by_field[(key, None)]
+        return LazyArray(expected[name][2], lambda: tensors.read(name))
+
+    layers = [
+        LlamaLayerWeights(**{f: field(i, f) for f in fam.layer_fields if (str(i), fam.source_of(f)) in by_field})
+        for i in range(cfg.n_layers)
+    ]
+    norm = tensors.read(by_field[("output_norm", None)]) + np.float32(fam.hf_norm_offset)
     weights = LlamaWeights(
-        tok_embd=top["tok_embd"], layers=layers, output_norm=(top["output_norm"] + offset).astype(np.float32),
-        lm_head=top.get("lm_head"), rope_factors=rope_factors(scaling, cfg, str(d / CONFIG)),
+        tok_embd=whole("tok_embd"), layers=layers, output_norm=norm.astype(np.float32),
+        lm_head=whole("lm_head") if ("lm_head", None) in by_field else None, rope_factors=rope_factors(scaling, cfg, str(d / CONFIG)),
     )
     try:
         weights.check(cfg)
     except ValueError as exc:
         raise HFError(f"{d}: {exc}") from exc
-    return cfg, weights
+    return cfg, (weights if lazy else materialized(weights, progress))
 
 
 def read_hf_tokenizer(path: str | os.PathLike, cfg: LlamaConfig):

@@ -87,11 +87,12 @@ def export_model_dir(
         say(f"rebuilding {out}: {reason}")
     t0 = time.perf_counter()
     say(f"reading {gguf_path}")
-    cfg, weights, tok, source = read_source(gguf_path, progress)
+    cfg, weights, tok, source = read_source(gguf_path)
     say(f"building the decoder graph ({cfg.arch}, {cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
-    model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision)
-    del weights
-    write_model_dir(out, cfg, model, tok, {**source, "sha256": digest}, weight_dtype, force=force)
+    def build(data_file: Path) -> Any:  # weights written as the graph is built (streamed from the source)
+        return build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision, external_data=data_file)
+
+    write_model_dir(out, cfg, build, tok, {**source, "sha256": digest}, weight_dtype, force=force)
     say(f"exported {out} in {time.perf_counter() - t0:.1f}s")
     return out
 
@@ -109,17 +110,18 @@ def source_digest(path: str | os.PathLike) -> str:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
-def read_source(path: str | os.PathLike, progress: bool = False) -> tuple[LlamaConfig, Any, Any, dict[str, Any]]:
-    """``(config, weights, tokenizer, source facts)`` of a GGUF file or a checkpoint directory."""
+def read_source(path: str | os.PathLike) -> tuple[LlamaConfig, Any, Any, dict[str, Any]]:
+    """``(config, weights, tokenizer, source facts)`` of a GGUF file or a checkpoint directory; the
+    weights checked, their values read (dequantized) only when the graph takes them."""
     from .hf_checkpoint import is_hf_dir, load_hf, read_hf_tokenizer
 
     if is_hf_dir(path):
-        cfg, weights = load_hf(path, progress=progress)
+        cfg, weights = load_hf(path, lazy=True)
         return cfg, weights, read_hf_tokenizer(path, cfg), {"kind": "hf", "path": str(Path(path).resolve()), "name": Path(path).name}
     from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
 
     reader = open_reader(path)
-    cfg, weights = load_gguf(reader, progress=progress)
+    cfg, weights = load_gguf(reader, lazy=True)
     return cfg, weights, read_tokenizer(reader), {"kind": "gguf", "path": str(Path(path).resolve()), "name": model_name(reader)}
 
 
@@ -189,7 +191,7 @@ def _say(msg: str) -> None:
 def write_model_dir(
     out_dir: str | os.PathLike,
     cfg: LlamaConfig,
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | Callable[[Path], onnx.ModelProto],
     tokenizer: Any = None,
     source: dict[str, Any] | None = None,
     weight_dtype: str = "float32",
@@ -202,6 +204,10 @@ def write_model_dir(
     the decoder's precision (its metadata) as ``config.json["precision"]``, and the
     sha256 of every file as ``config.json["sha256"]``.
 
+    ``model`` may be a function of the weight file's path that builds the graph writing its
+    weights there (``build_decoder_graph(..., external_data=path)``): the export then never
+    holds the graph's weights in memory.
+
     Written into a temporary directory beside ``out_dir`` and renamed into
     place, so an interrupted write never leaves a half-written model behind;
     ``out_dir`` as :func:`check_out_dir` allows.
@@ -212,13 +218,13 @@ def write_model_dir(
 
     from .decoder_graph import pass_form
 
-    if "lane_ids" not in {i.name for i in model.graph.input}:
-        raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
-    precision = graph_precision(model)
-
     def fill(tmp: Path) -> None:
+        graph = model(tmp / DATA_FILE) if callable(model) else model
+        if "lane_ids" not in {i.name for i in graph.graph.input}:
+            raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
+        precision = graph_precision(graph)
         onnx.save_model(
-            model, str(tmp / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
+            graph, str(tmp / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
             location=DATA_FILE, size_threshold=1024,
         )
         # the pass form references the same weight file (its initializers now point there)

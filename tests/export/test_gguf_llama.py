@@ -194,3 +194,42 @@ def test_llama3_rope_freqs_and_biases_change_the_model(tmp_path):
     for i in range(cfg.n_layers):
         feeds[f"past_key_{i}"] = feeds[f"past_value_{i}"] = np.zeros((1, cfg.n_kv_heads, 65, cfg.head_dim), np.float32)
     close_to_reference(sess.run(["logits"], feeds)[0], ref)
+
+
+@pytest.mark.parametrize("fam", ["llama", "phi3", "gemma3"])
+def test_a_lazy_load_reads_each_tensor_when_it_is_used_and_gives_the_same_values(tmp_path, fam):
+    from sf_trt.export.gguf_llama import LazyArray
+
+    write_tiny_gguf(tmp_path / "m.gguf", family_name=fam)
+    _, eager = load_gguf(tmp_path / "m.gguf")
+    _, lazy = load_gguf(tmp_path / "m.gguf", lazy=True)
+    assert isinstance(lazy.tok_embd, LazyArray) and isinstance(lazy.layers[1].wk, LazyArray)
+    assert np.array_equal(np.asarray(lazy.tok_embd), eager.tok_embd)
+    for a, b in zip(lazy.layers, eager.layers):
+        assert a.present() == b.present()
+        assert all(np.array_equal(np.asarray(getattr(a, f)), getattr(b, f)) for f in b.present())
+
+
+def test_a_streamed_build_keeps_no_weight_in_the_graph_and_computes_the_same(tmp_path):
+    """build_decoder_graph(external_data=...) appends each weight to the file as it is built: the
+    graph holds none of their bytes, and the saved model computes what the in-memory one does."""
+    import onnx
+    import onnxruntime as ort
+
+    from sf_trt.export.decoder_graph import build_decoder_graph
+
+    write_tiny_gguf(tmp_path / "m.gguf", family_name="qwen3")
+    cfg, lazy = load_gguf(tmp_path / "m.gguf", lazy=True)
+    (tmp_path / "out").mkdir()
+    streamed = build_decoder_graph(cfg, lazy, max_lanes=1, max_context=32, cache_inputs="pass", external_data=tmp_path / "out" / "w.data")
+    assert sum(len(t.raw_data) for t in streamed.graph.initializer) < 64 * 1024  # the small constants only
+    assert (tmp_path / "out" / "w.data").stat().st_size > 4 * cfg.vocab * cfg.hidden
+    onnx.save_model(streamed, str(tmp_path / "out" / "m.onnx"))
+    _, eager = load_gguf(tmp_path / "m.gguf")
+    whole = build_decoder_graph(cfg, eager, max_lanes=1, max_context=32, cache_inputs="pass")
+    feeds = {"input_ids": np.arange(3, 9)[None], "positions": np.arange(6)[None], "logit_index": np.arange(6)}
+    for i in range(cfg.n_layers):
+        feeds[f"past_key_{i}"] = feeds[f"past_value_{i}"] = np.zeros((1, cfg.n_kv_heads, 33, cfg.head_dim), np.float32)
+    got = ort.InferenceSession(str(tmp_path / "out" / "m.onnx"), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+    want = ort.InferenceSession(whole.SerializeToString(), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+    assert np.array_equal(got, want)
