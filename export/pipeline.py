@@ -34,11 +34,32 @@ from sf_trt.models import DEFAULT_MODEL, cache_lock, default_gguf_path, export_d
 # onnx and the graph builders are imported by the functions that build: finding an
 # exported model (default_model_dir's usual path) imports neither (docs/benchmarks.md:
 # onnx alone is ~20 MB of a generate's peak RSS)
-__all__ = ["default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "OutDirError"]
+__all__ = [
+    "default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "check_weight_dtype", "read_source", "source_digest",
+    "OutDirError", "ExportError",
+]
 
 
 class OutDirError(ModelDirError):
     """The place an export would go holds something an export did not write."""
+
+
+class ExportError(ModelDirError):
+    """A model whose export cannot be made as asked (``--weights q4`` on dimensions Q4_1 blocks do not divide)."""
+
+
+def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
+    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 keeps each matrix's
+    input dim in blocks of 32 (hidden, heads x head dim, ffn)."""
+    from .quantize import BLOCK
+
+    if weight_dtype != "q4":
+        return
+    dims = {"hidden": cfg.hidden, "heads x head_dim": cfg.n_heads * cfg.head_dim, "ffn": cfg.ffn}
+    bad = {k: v for k, v in dims.items() if v % BLOCK}
+    if bad:
+        shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise ExportError(f"--weights q4: {shown} not a multiple of {BLOCK}, so Q4_1 blocks cannot hold the matrices (use --weights int8 or float32)")
 
 
 def export_model_dir(
@@ -88,6 +109,7 @@ def export_model_dir(
     t0 = time.perf_counter()
     say(f"reading {gguf_path}")
     cfg, weights, tok, source = read_source(gguf_path)
+    check_weight_dtype(cfg, weight_dtype)
     say(f"building the decoder graph ({cfg.arch}, {cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
     def build(data_file: Path) -> Any:  # weights written as the graph is built (streamed from the source)
         return build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision, external_data=data_file)

@@ -46,18 +46,20 @@ def _file_tensors(cfg: LlamaConfig, layer, order: str) -> dict[str, np.ndarray]:
 
 def write_tiny_gguf(
     path, *, arch=None, seed=0, bad_type=None, context_length=512, template=TEMPLATE, meta=None, tensor_fn=None,
-    family_name="llama", biases=False, rope_factors=False, extra=None, skip=(),
+    family_name="llama", biases=False, rope_factors=False, extra=None, skip=(), shape=None,
 ) -> tuple[LlamaConfig, object]:
     """The tiny random model of ``family_name`` as a GGUF at ``path``; ``(cfg, weights)``.
 
     ``arch`` overrides ``general.architecture`` as written; ``meta`` overrides metadata as
     written (``{"block_count": 10**9}``: the GGUF then says what its tensors are not);
     ``tensor_fn(name, array)`` may change a tensor before it is written; ``extra`` adds tensors
-    (``{name: array}``) and ``skip`` leaves tensors out, by name."""
+    (``{name: array}``) and ``skip`` leaves tensors out, by name; ``shape`` overrides the tiny
+    config's sizes (``{"ffn": 100}``), written truthfully."""
     import gguf
 
     tokens = SPECIALS + _byte_pieces() + ["Ġt", "he", "Ġthe"]
     overrides = {"query_scale": 0.0} if family_name == "gemma3" else {}  # a GGUF says none: 1 / sqrt(head_dim)
+    overrides.update(shape or {})
     cfg = tiny_family_config(family_name, vocab=len(tokens), bos=1, eos=2, context_length=context_length, **overrides)
     weights = random_llama_weights(cfg, seed, biases=biases, rope_factors=rope_factors)
     said = {"context_length": cfg.context_length, "embedding_length": cfg.hidden, "block_count": cfg.n_layers,

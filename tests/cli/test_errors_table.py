@@ -137,6 +137,15 @@ def _nan(name, arr):
     return arr
 
 
+def _another_model_type(w):
+    d = w.tmp / "ckpt"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "models" / "llama", d)
+    conf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**conf, "model_type": "gpt_neox"}))
+    w.subs["<DIR>"] = str(d)
+    return ["generate", "--hf", str(d), "--prompt", "the"]
+
+
 LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
 CASES: dict[str, Callable[[Workspace], list[str]]] = {
@@ -160,6 +169,13 @@ CASES: dict[str, Callable[[Workspace], list[str]]] = {
     "dims its tensors lack": lambda w: ["generate", "--gguf", str(w.gguf(meta={"feed_forward_length": 4096})), "--prompt", "the"],
     "weights not finite": lambda w: ["generate", "--gguf", str(w.gguf(tensor_fn=_nan)), "--prompt", "the"],
     "another architecture": lambda w: ["generate", "--gguf", str(w.gguf(arch="gpt2")), "--prompt", "the"],
+    "a tensor the model would not use": lambda w: ["generate", "--gguf", str(w.gguf(family_name="phi3", extra={"blk.0.attn_q.bias": np.zeros(64, np.float32)})), "--prompt", "the"],
+    "a tensor the family needs, missing": lambda w: ["generate", "--gguf", str(w.gguf(family_name="qwen3", skip=("blk.1.attn_k_norm.weight",))), "--prompt", "the"],
+    "rope scaling not computed": lambda w: ["generate", "--gguf", str(w.gguf(meta={"rope_scaling_type": "yarn"})), "--prompt", "the"],
+    "q4 on dims not whole blocks": lambda w: ["generate", "--gguf", str(w.gguf(shape={"ffn": 100})), "--prompt", "the", "--weights", "q4"],
+    # checkpoint directories
+    "no such checkpoint": lambda w: (w.subs.update({"<DIR>": str(w.tmp / "none")}), ["generate", "--hf", str(w.tmp / "none"), "--prompt", "the"])[1],
+    "another model type": _another_model_type,
     # prompts and sizes
     "prompt not UTF-8": lambda w: w.generate("--prompt", "hi\udcff"),
     "chat not UTF-8": lambda w: w.generate("--chat", "\udcfehi"),
