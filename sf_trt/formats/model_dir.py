@@ -232,6 +232,8 @@ class ModelDir:
             raise ModelDirError(f"{d}: no {CONFIG_FILE} (expected a model directory written by `sf-trt export`)")
         meta = _read_config(cfg_path)
         for name in meta["files"]:
+            if (d / name).is_symlink():  # its digest would be of a file outside: not the directory's own
+                raise ModelDirError(f"{d}: {name} is a symbolic link to {os.readlink(d / name)}; a model directory's files are its own (re-export the model)")
             if not (d / name).is_file():
                 raise ModelDirError(f"{d}: {name} is missing (the export is incomplete; re-export the model)")
         try:
