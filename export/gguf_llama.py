@@ -542,11 +542,23 @@ def read_tokenizer(reader) -> Tokenizer:
 
 def _read_tokenizer(reader) -> Tokenizer:
     model = _field(reader, "tokenizer.ggml.model", None, required=False)
-    if model != "gpt2":
-        raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (expected 'gpt2', byte-level BPE)")
+    if model not in ("gpt2", "llama"):
+        raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (expected 'gpt2', byte-level BPE, or 'llama', sentencepiece)")
     chat_template = _field(reader, "tokenizer.chat_template", None, required=False)
     if chat_template is not None and not isinstance(chat_template, str):
         raise GGUFError(f"{_path_of(reader)}: tokenizer.chat_template is not a string")
+    if model == "llama":
+        unk = _field(reader, "tokenizer.ggml.unknown_token_id", None, required=False)
+        return Tokenizer.from_sentencepiece(
+            _field(reader, "tokenizer.ggml.tokens", None, required=False),
+            _field(reader, "tokenizer.ggml.scores", None, required=False),
+            token_types=_field(reader, "tokenizer.ggml.token_type", None, required=False),
+            add_space_prefix=bool(_field(reader, "tokenizer.ggml.add_space_prefix", True, required=False)),
+            unk=None if unk is None else int(unk),
+            bos=int(_field(reader, "tokenizer.ggml.bos_token_id", 1, required=False)),
+            eos=int(_field(reader, "tokenizer.ggml.eos_token_id", 2, required=False)),
+            chat_template=chat_template,
+        )
     return Tokenizer.from_vocab(
         _field(reader, "tokenizer.ggml.tokens", None, required=False),
         _field(reader, "tokenizer.ggml.merges", None, required=False),

@@ -129,7 +129,9 @@ def read_hf_config(path: str | os.PathLike) -> tuple[LlamaConfig, dict[str, Any]
         known = ", ".join(t for f in FAMILIES.values() for t in f.hf_model_types)
         raise HFError(f"{where}: model_type {conf.get('model_type')!r} is not supported (supported: {known})")
     try:
-        return _config(conf, fam, where)
+        cfg, scaling = _config(conf, fam, where)
+        rope_factors(scaling, cfg, str(where))  # an unsupported scaling is refused here, before any tensor is read
+        return cfg, scaling
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, HFError):
             raise
@@ -351,9 +353,11 @@ def read_hf_tokenizer(path: str | os.PathLike, cfg: LlamaConfig):
     if not (d / "tokenizer.json").is_file():
         raise TokenizerError(f"{d}: no tokenizer.json (expected the checkpoint's tokenizer)")
     spec = _json(d / "tokenizer.json")
-    decoder = (spec.get("decoder") or {}).get("type")
-    if decoder != "ByteLevel":
-        raise TokenizerError(f"{d / 'tokenizer.json'}: a {decoder or 'decoder-less'} tokenizer; sf_trt reads byte-level BPE tokenizers (decoder ByteLevel)")
+    decoder = spec.get("decoder") or {}
+    steps = [s.get("type") for s in decoder.get("decoders", [])] if decoder.get("type") == "Sequence" else [decoder.get("type")]
+    if steps != ["ByteLevel"] and "ByteFallback" not in steps:
+        shown = "+".join(str(s) for s in steps)
+        raise TokenizerError(f"{d / 'tokenizer.json'}: a {shown} decoder; sf_trt reads BPE tokenizers that are byte-level or sentencepiece's with byte fallback")
     try:
         hf = HFTokenizer.from_file(str(d / "tokenizer.json"))
     except Exception as exc:  # the tokenizers library raises its own Exception on a damaged file

@@ -163,3 +163,23 @@ def test_chat_template(real_tokenizer):
     assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2
     no_prompt = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], add_generation_prompt=False)
     assert no_prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+
+
+def test_a_sentencepiece_vocabulary_with_byte_fallback():
+    """GGUF ``tokenizer.ggml.model`` llama (Gemma, Llama 2, Mistral, Phi-3): pieces over ``▁``-for-space
+    text merged by score, bytes no piece covers as ``<0xNN>`` pieces, user-defined ``\\n`` matched first."""
+    from sf_trt.tokenizer import Tokenizer
+
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "t", "h", "e", "th", "he", "the", "\u2581the", "\n"]
+    types = [3, 3, 3] + [6] * 256 + [1] * 8 + [4]
+    scores = [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0, -9.0, -6.0, -7.0, 0.0]
+    tok = Tokenizer.from_sentencepiece(pieces, scores, token_types=types, add_space_prefix=False, unk=0, bos=1, eos=2)  # Gemma's
+    the, space_the, nl = pieces.index("the"), pieces.index("\u2581the"), pieces.index("\n")
+    ids = tok.encode("the the\né")
+    assert ids == [the, space_the, nl, 3 + 0xC3, 3 + 0xA9]  # é: two byte pieces
+    assert tok.decode(ids) == "the the\né"
+    stream = tok.stream()
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == "the the\né"
+    assert tok.encode("</s>") == [2] and tok.decode([1, 2], skip_special=True) == ""
+    prefixed = Tokenizer.from_sentencepiece(pieces, scores, token_types=types, add_space_prefix=True, unk=0, bos=1, eos=2)  # Llama 2's
+    assert prefixed.encode("the the") == [space_the, space_the]

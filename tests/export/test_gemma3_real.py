@@ -60,3 +60,18 @@ def test_greedy_tokens_are_transformers_fp32(gemma_dir):
             assert list(got.tokens) == case["greedy"], case["text"]
         spec = gen.run([Request(c["prompt"], Sampling.GPU_GREEDY, params) for c in cases])  # lanes sharing passes, drafts
         assert [list(s.tokens) for s in spec] == [c["greedy"] for c in cases]
+
+
+def test_the_ggufs_sentencepiece_tokenizer_is_transformers(gemma_dir):
+    """The GGUF's own tokenizer (sentencepiece, byte fallback) encodes each prompt as transformers'
+    tokenizer did (after the BOS) and decodes the greedy tokens to its text, streamed or whole."""
+    from sf_trt.export.gguf_llama import open_reader, read_tokenizer
+    from sf_trt.models import cache_dir
+
+    _, ref = gemma_dir
+    tok = read_tokenizer(open_reader(cache_dir() / "gguf" / ref["gguf"]))
+    for case in ref["cases"]:
+        assert [tok.bos] + tok.encode(case["text"]) == case["prompt"]
+        assert tok.decode(case["greedy"]) == case["decoded"]
+        stream = tok.stream()
+        assert "".join(stream.push(t) for t in case["greedy"]) + stream.flush() == case["decoded"]
