@@ -1,4 +1,4 @@
-"""The Llama decoder as one ONNX graph whose rows come out the same in any pass.
+"""The decoder (Llama and the families declared over it) as one ONNX graph whose rows come out the same in any pass.
 
 Exactness is the product: speculative decoding emits bit-identical tokens to
 plain decoding only if **row r of a pass is bit-identical whatever the number of
@@ -98,9 +98,20 @@ Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
 ``out = x * cos + swap_pairs(x) * sin_signed``.
 
+Families (:mod:`sf_trt.export.families`) are declared differences over this one graph, each
+a few nodes where the family has them: biases added after their matmul; q/k heads RMSNorm'd
+(float32, one weight row per head) before the rotation; the attention's and the MLP's outputs
+RMSNorm'd before their residual add; a GELU (tanh) gate; embedding rows times ``sqrt(hidden)``;
+q scaled by ``cfg.scale`` (``query_pre_attn_scalar``) in the rotary rows; Llama 3's rope divisors
+in the rotary tables; and on the sliding layers a second mask, ``-inf`` on keys
+``j <= p - window`` too, with their own rotary table where their rope base differs. The window
+is a mask over the lane's one contiguous cache, so a row still reads keys ``0 ..`` at their
+absolute positions and stays bit-identical however a pass is packed.
+
 Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
 ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
+Tanh with a GELU gate; Sub and Greater with a sliding window;
 DequantizeLinear with int8 weights; Cast below fp32; ArgMax, ReduceMax and Slice in the
 pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 weights.
 """
