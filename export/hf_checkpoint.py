@@ -159,7 +159,7 @@ def _config(conf: dict[str, Any], fam: Family, where: Path) -> tuple[LlamaConfig
         raise HFError(f"{where}: partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
     n_layers, hidden, n_heads = int(conf["num_hidden_layers"]), int(conf["hidden_size"]), int(conf["num_attention_heads"])
     window = conf.get("sliding_window") or 0
-    if "layer_types" in conf:
+    if conf.get("layer_types") is not None:
         types = conf["layer_types"]
         if not isinstance(types, list) or len(types) != n_layers or not set(types) <= {"sliding_attention", "full_attention"}:
             raise HFError(f"{where}: layer_types is not one of 'sliding_attention' / 'full_attention' per layer")
@@ -282,6 +282,9 @@ def check_hf_tensors(path: Path, cfg: LlamaConfig, where: dict[str, tuple[Path, 
     """The tensors ``cfg`` uses (:func:`_expected`), after checking the checkpoint's table
     (``{name: (file, dtype, shape)}``) against them before anything is read: no tensor unused,
     none missing, every shape and dtype as expected. :class:`HFError` names the first mismatch."""
+    layers = {n.split(".")[2] for n in where if n.startswith("model.layers.")}
+    if cfg.n_layers > len(layers):  # counted before names are listed: a crafted count lists nothing
+        raise HFError(f"{path}: config.json's num_hidden_layers {cfg.n_layers}, the checkpoint holds {len(layers)} layers")
     expected = _expected(cfg, FAMILIES[cfg.arch], set(where))
     unused = [n for n in where if n not in expected]
     if unused:

@@ -139,6 +139,13 @@ def test_settings_the_graph_would_not_compute_are_refused(tmp_path, changes, wor
         load_hf(d)
 
 
+def test_a_layer_count_the_checkpoint_lacks_is_refused_before_anything_is_listed(tmp_path):
+    d = _copy("qwen2", tmp_path)
+    _edit_config(d, num_hidden_layers=10**9, layer_types=None)
+    with pytest.raises(HFError, match=r"config\.json's num_hidden_layers 1000000000, the checkpoint holds 2 layers"):
+        load_hf(d)
+
+
 def test_a_shape_that_disagrees_with_the_config_is_refused(tmp_path):
     d = _copy("mistral", tmp_path)
     _edit_config(d, intermediate_size=96)
