@@ -1,20 +1,22 @@
-"""A Llama-architecture GGUF file as a config and float32 weights.
+"""A GGUF file of a supported family (:mod:`.families`) as a config and float32 weights.
 
 :func:`load_gguf` reads the metadata and tensors with ``gguf.GGUFReader`` and
-dequantizes every tensor to float32 with ``gguf.quants.dequantize``. It refuses
-an architecture other than ``llama`` and a tensor type that ``gguf`` cannot
-dequantize, naming what it found.
+dequantizes each tensor to float32 with ``gguf.quants.dequantize`` (all at once, or lazily,
+one :class:`LazyArray` at a time as an export takes them). It refuses an architecture outside
+the families, a tensor the family does not use, a missing one, and a tensor type that ``gguf``
+cannot dequantize, naming what it found.
 
 Layout of the weights (:class:`LlamaWeights`): matrices are ``[out, in]`` as
 stored (PyTorch's ``nn.Linear`` layout). **Rotary layout**: llama.cpp's converter
-permutes the rows of ``attn_q`` / ``attn_k`` within each head so that the two
+permutes the rows of a llama's ``attn_q`` / ``attn_k`` within each head so that the two
 halves HF's ``rotate_half`` pairs (dims ``i`` and ``i + head_dim/2``) become
-adjacent (dims ``2i`` and ``2i + 1``). The weights here keep that GGUF order,
-so the rotation they need is the *interleaved* one (GPT-J style: rotate each
-adjacent pair ``(2i, 2i+1)`` by ``position * theta**(-2i/head_dim)``).
-:func:`unpermute_rotary_rows` turns them back into HF's order, where
-``rotate_half`` applies (tests check the two agree, and that the interleaved
-convention is the one that gives the real model a low perplexity).
+adjacent (dims ``2i`` and ``2i + 1``). The weights here are in that order for every
+family (the others' rows, in transformers' order in their GGUFs and checkpoints, are
+permuted into it as they are read: :func:`layer_from_file`), so the rotation they need is
+the *interleaved* one (GPT-J style: rotate each adjacent pair ``(2i, 2i+1)`` by
+``position * theta**(-2i/head_dim)``). :func:`unpermute_rotary_rows` turns them back into
+HF's order, where ``rotate_half`` applies (tests check the two agree, and that the
+interleaved convention is the one that gives the real model a low perplexity).
 """
 
 from __future__ import annotations
@@ -219,7 +221,7 @@ def open_reader(path: str | os.PathLike):
 
 
 def check_gguf_file(path: str | os.PathLike) -> None:
-    """Parse ``path``'s header, check it is a Llama GGUF whose metadata agrees
+    """Parse ``path``'s header, check it is a GGUF of a supported family whose metadata agrees
     with its tensor table and whose tensor data fits in the file; GGUFError
     naming what is wrong (a few seconds for a 49k vocabulary)."""
     reader = open_reader(path)

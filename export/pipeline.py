@@ -1,6 +1,6 @@
 """GGUF to model directory: the export pipeline.
 
-:func:`export_model_dir` reads a Llama GGUF, builds the decoder graph (both
+:func:`export_model_dir` reads a GGUF or a Hugging Face checkpoint, builds the decoder graph (both
 forms), the verify-and-sample graph for its vocabulary and the tokenizer, and
 writes them as a model directory (:mod:`sf_trt.formats.model_dir`). Whichever
 command asks for it (``sf-trt export``, or ``sf-trt generate`` on first use),
