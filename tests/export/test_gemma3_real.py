@@ -75,3 +75,22 @@ def test_the_ggufs_sentencepiece_tokenizer_is_transformers(gemma_dir):
         assert tok.decode(case["greedy"]) == case["decoded"]
         stream = tok.stream()
         assert "".join(stream.push(t) for t in case["greedy"]) + stream.flush() == case["decoded"]
+
+
+def test_sampled_speculative_is_plain(gemma_dir):
+    """Sampled (temperature 0.8, top-p 0.95) at 262k: speculative lanes sharing passes emit what
+    each lane emits alone without drafts."""
+    from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.generate import Generator
+    from sf_trt.scheduler import DraftPolicy, Request
+
+    out, ref = gemma_dir
+    prompts = [c["prompt"] + c["greedy"][:8] for c in ref["cases"][:3]]
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=24, flags=SamplingFlag.IGNORE_EOS)
+    with OrtDecoderPrimitives(out, max_lanes=3, max_context=128, threads=2) as prims:
+        gen = Generator(prims, policy=DraftPolicy())
+        plain = [gen.run([Request(p, Sampling.GPU_GUMBEL, params, seed=9, speculate=False)])[0] for p in prompts]
+        spec = gen.run([Request(p, Sampling.GPU_GUMBEL, params, seed=9) for p in prompts])
+    assert [list(s.tokens) for s in spec] == [list(p.tokens) for p in plain]
+    assert sum(s.proposed for s in spec) > 0
