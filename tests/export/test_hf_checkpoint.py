@@ -197,3 +197,25 @@ def test_inspect_says_what_a_source_holds_and_whether_it_is_supported(tmp_path):
     _edit_config(d, model_type="gpt_neox")
     facts = json.loads(sf_trt("inspect", "--json", str(d)).stdout)
     assert facts["supported"] is False and "model_type 'gpt_neox' is not supported" in facts["reason"]
+
+
+def test_a_sentencepiece_tokenizer_json_is_read(tmp_path):
+    """A checkpoint's tokenizer.json of sentencepiece's kind (Gemma's, Mistral's: ``▁`` pieces, a
+    ByteFallback decoder) is read, its pieces decoded to the right bytes; a WordPiece one is refused."""
+    from sf_trt.tokenizer import Tokenizer, TokenizerError
+
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "t", "h", "e", "th", "he", "the", "\u2581the"]
+    types = [3, 3, 3] + [6] * 256 + [1] * 8
+    spm = Tokenizer.from_sentencepiece(pieces, [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0, -9.0, -6.0, -7.0], token_types=types,
+                                       add_space_prefix=False, unk=0, bos=1, eos=2)
+    d = _copy("llama", tmp_path)
+    spm.save(d)  # tokenizer.json (and sf_trt's own tokenizer_config.json, which read_hf_tokenizer does not need)
+    cfg, _ = read_hf_config(d)
+    tok = read_hf_tokenizer(d, cfg)
+    ids = tok.encode("the the é")
+    assert tok.decode(ids) == "the the é" and ids[:2] == [pieces.index("the"), pieces.index("\u2581the")]
+    spec = json.loads((d / "tokenizer.json").read_text())
+    spec["decoder"] = {"type": "WordPiece", "prefix": "##", "cleanup": True}
+    (d / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json: a WordPiece decoder; sf_trt reads BPE tokenizers that are byte-level or sentencepiece's with byte fallback"):
+        read_hf_tokenizer(d, cfg)
