@@ -150,8 +150,6 @@ def test_every_family_round_trips_through_its_gguf(tmp_path, variant):
     ("llama", "blk.1.attn_q_norm.weight"),  # a qwen3 norm in a llama
 ])
 def test_a_tensor_the_model_would_not_use_is_refused_naming_it(tmp_path, fam, extra):
-    import gguf  # noqa: F401  (the writer)
-
     cfg, _ = write_tiny_gguf(tmp_path / "probe.gguf", family_name=fam)
     size = cfg.head_dim // 2 if extra == "rope_freqs.weight" else cfg.head_dim * (cfg.n_heads if "bias" in extra else 1)
     write_tiny_gguf(tmp_path / "m.gguf", family_name=fam, extra={extra: np.ones(size, np.float32)})
@@ -176,17 +174,18 @@ def test_llama3_rope_freqs_and_biases_change_the_model(tmp_path):
     """Once ignored without a word: a llama GGUF's rope_freqs.weight and biases now change the logits as the reference says."""
     import dataclasses
 
-    from sf_trt.export.decoder_graph import build_decoder_graph
-    from sf_trt.export.reference import reference_forward
+    import onnxruntime as ort
     from rows import close_to_reference
 
-    import onnxruntime as ort
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.reference import reference_forward
 
     cfg, weights = write_tiny_gguf(tmp_path / "m.gguf", rope_factors=True, biases=True)
     cfg, weights = load_gguf(tmp_path / "m.gguf")
     seq = np.arange(3, 43)
     ref = reference_forward(cfg, weights, seq)
-    plain = dataclasses.replace(weights, rope_factors=None, layers=[dataclasses.replace(l, bq=None, bk=None, bv=None, bo=None, b_gate=None, b_up=None, b_down=None) for l in weights.layers])
+    no_bias = dict.fromkeys(("bq", "bk", "bv", "bo", "b_gate", "b_up", "b_down"))
+    plain = dataclasses.replace(weights, rope_factors=None, layers=[dataclasses.replace(layer, **no_bias) for layer in weights.layers])
     assert np.abs(reference_forward(cfg, plain, seq) - ref).max() > 1e-2
     model = build_decoder_graph(cfg, weights, max_lanes=1, max_context=64, cache_inputs="pass")
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
