@@ -14,12 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def rss_mb() -> float:
@@ -28,7 +25,7 @@ def rss_mb() -> float:
 
 
 def main() -> None:
-    from bench_sampler import time_runs
+    from bench_sampler import time_runs  # a sibling: the script's own folder is on sys.path
 
     from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
     from sf_trt.primitives import Rows
