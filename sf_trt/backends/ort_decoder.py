@@ -8,7 +8,8 @@ layout and keeps the KV cache on the host:
 * the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
   max_context + 1, head_dim]`` of the decoder's compute type (float32, or float16 for
   an fp16 export; position ``max_context`` of each lane is
-  the trash slot padding rows write to), allocated once. Each lane slot's cache
+  the trash slot padding rows write to), allocated once, in small pages that are committed
+  as positions are first written (:func:`lazy_zeros`). Each lane slot's cache
   lives in one *row* of the arrays' lane axis, not necessarily its own: a run
   needs its lanes' rows side by side, so that each layer's input is an OrtValue
   over a view of the arrays (made once per row range, bound with IOBinding) and
@@ -40,6 +41,7 @@ would cost more than another pass over the weights (:meth:`_plan_runs`).
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -54,7 +56,7 @@ from .ort_logprobs import HostLogprobs
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
-__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
+__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model", "lazy_zeros"]
 
 
 _GREEDY = int(Sampling.GPU_GREEDY)
@@ -87,8 +89,43 @@ class PassLogits(np.ndarray):
         return out
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array whose memory is committed in small (4 KiB) pages as they are first written.
+
+    ``np.zeros`` asks the kernel for transparent huge pages on arrays of 4 MiB and more, so the
+    first write anywhere in a 2 MiB stretch zeroes (and may first compact memory for) all of it.
+    A KV cache is written a position at a time across every (layer, lane, head) row: with huge
+    pages a lane's first prefill paid for its whole window, 1-3 s at the model's context of 8192
+    on this CPU, and the RSS grew by the window instead of the positions written
+    (docs/benchmarks.md, "Reproducing our own numbers"). Where the platform has no anonymous
+    ``mmap`` this is ``np.zeros``."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where the kernel's THP setting is "always"
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype).reshape(shape)
+
+
 def _bad(what: str) -> StatusError:
     return StatusError(Status.BAD_ARGUMENT, f"OrtDecoderPrimitives: {what}")
+
+
+def _check_graph_io(session, cfg, graph) -> None:
+    """The decoder graph's caches and logits against config.json (a config edited and re-hashed to
+    disagree with the graph is refused here, not by a failed run)."""
+    caches = [i for i in session.get_inputs() if i.name.startswith(("past_key_", "past_value_"))]
+    if len(caches) != 2 * cfg.n_layers:
+        raise _bad(f"{graph}: {len(caches)} cache inputs, config.json's {cfg.n_layers} layers need {2 * cfg.n_layers}; re-export the model")
+    for i in caches:
+        dims = list(i.shape)
+        if len(dims) != 4 or dims[1] != cfg.n_kv_heads or dims[3] != cfg.head_dim:
+            raise _bad(f"{graph}: cache input {i.name} is {dims}, config.json says [*, {cfg.n_kv_heads}, *, {cfg.head_dim}]; re-export the model")
+    logits = next((o for o in session.get_outputs() if o.name == OUTPUTS[0]), None)
+    if logits is None or len(logits.shape) != 2 or logits.shape[1] != cfg.vocab:
+        raise _bad(f"{graph}: logits {None if logits is None else list(logits.shape)}, config.json's vocabulary is {cfg.vocab}; re-export the model")
 
 
 class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
@@ -166,10 +203,14 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         self.precision = model.precision
         self.cache_inputs = cache_inputs
         self.spinning = bool(spinning)
-        self._session = open_session(
-            model.graph_file(cache_inputs), threads=threads, optimization=optimization, providers=self.providers,
-            config=self._session_config(optimization),
-        )
+        graph = model.graph_file(cache_inputs)
+        config = self._session_config(optimization)
+        try:
+            self._session = open_session(graph, threads=threads, optimization=optimization, providers=self.providers, config=config)
+        except Exception as exc:  # onnxruntime's own errors (InvalidProtobuf, Fail, ...) on a damaged or crafted graph
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise _bad(f"{graph}: onnxruntime cannot load it ({type(exc).__name__}: {first}); re-export the model") from None
+        _check_graph_io(self._session, cfg, graph)
         graph_outputs = {o.name for o in self._session.get_outputs()}
         self._pass_outputs = set(PASS_OUTPUTS) <= graph_outputs  # the pass form's greedy tokens
         self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
@@ -232,8 +273,8 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         cfg, caps = self.config, self.capabilities
         shape = (cfg.n_layers, caps.max_lanes, cfg.n_kv_heads, caps.max_context + 1, cfg.head_dim)
         dtype = _CACHE_TYPES[self.precision]
-        self._keys = np.zeros(shape, dtype)
-        self._values = np.zeros(shape, dtype)
+        self._keys = lazy_zeros(shape, dtype)
+        self._values = lazy_zeros(shape, dtype)
         self._binding = self._session.io_binding()
         self._ort = ort
         self._views: dict[tuple[int, int], list] = {}  # (first row, rows) -> OrtValues of that range

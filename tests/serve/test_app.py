@@ -374,5 +374,5 @@ def test_a_backend_fault_is_a_500_or_an_sse_error_event_and_the_server_goes_on()
             lines = [line for line in resp.iter_lines() if line]
         assert lines[-3] == "event: error" and json.loads(lines[-2][6:])["error"]["type"] == "InternalServerError"
         assert lines[-1] == "data: [DONE]"
-        assert c.completions.create(model="fake", prompt="fine", max_tokens=5).usage.completion_tokens == 5
+        assert c.completions.create(model="fake", prompt="fine", max_tokens=5, temperature=0)  # greedy: a sampled token may be POISON itself.usage.completion_tokens == 5
         assert live.metric("sf_trt:request_success_total", finished_reason="error") == 3
