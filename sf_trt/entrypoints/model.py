@@ -48,7 +48,7 @@ class ModelSpec:
                 object.__setattr__(self, name, Path(value).expanduser())
         given = [f"{name} {getattr(self, name)}" for name in ("path", "gguf", "hf") if getattr(self, name) is not None]
         if len(given) > 1:
-            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: a model directory, a GGUF or a checkpoint, one of them (got {' and '.join(given)})")
+            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: one of a model directory, a GGUF or a checkpoint, not more (got {' and '.join(given)})")
         if self.weights not in WEIGHT_DTYPES:
             raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: weights {self.weights!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
 
