@@ -151,6 +151,11 @@ class SamplingParams:
     so speculation never changes a token. ``stop_token_ids`` are the ids the request
     layer stops on (:class:`sf_trt.scheduler.Request`); the executor reads them only
     for ``min_tokens``.
+
+    ``grammar``: a :class:`sf_trt.grammar.Grammar` (None: none) the lane's output must
+    match: each row's forbidden tokens get -inf, after the adjustments above, and the end
+    token is allowed only where the grammar accepts. Not with ``IGNORE_EOS`` nor
+    ``min_tokens`` (a grammar that is done allows only the end token).
     """
 
     temperature: float = 1.0
@@ -165,12 +170,14 @@ class SamplingParams:
     logit_bias: Any = ()
     min_tokens: int = 0
     stop_token_ids: tuple = ()
+    grammar: Any = None
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether any logit adjustment (penalty, bias, ``min_tokens``) is on."""
+        """Whether any logit adjustment (penalty, bias, ``min_tokens``, grammar) is on."""
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias or self.min_tokens
+            or self.grammar is not None
         )
 
     def __post_init__(self) -> None:
@@ -216,6 +223,14 @@ class SamplingParams:
         if isinstance(self.flags, bool) or not isinstance(self.flags, int) or self.flags & ~int(known):
             raise bad(f"unknown flags {self.flags!r} (known: {[f.name for f in SamplingFlag if f]})")
         object.__setattr__(self, "flags", SamplingFlag(self.flags))
+        if self.grammar is not None:
+            if not (hasattr(self.grammar, "table") and hasattr(self.grammar, "text")):
+                raise bad(f"grammar must be an sf_trt.grammar.Grammar (got {type(self.grammar).__name__})")
+            if self.flags & SamplingFlag.IGNORE_EOS:
+                raise bad("grammar and IGNORE_EOS do not combine (a finished grammar allows only the end token)")
+            if self.min_tokens:
+                raise bad(f"grammar and min_tokens ({self.min_tokens}) do not combine (the grammar decides where the output "
+                          "ends; holding the end token back could leave no token to draw)")
 
     def check_for(self, mode: Sampling, *, top_k_limit: int, vocab: Optional[int] = None) -> str | None:
         """The reason these parameters cannot be used under ``mode`` (and, given ``vocab``,
@@ -229,6 +244,8 @@ class SamplingParams:
                 out = [t for t in ids if t >= vocab]
                 if out:
                     return f"{name}: token ids {out[:4]} outside the vocabulary 0..{vocab - 1}"
+            if self.grammar is not None and self.grammar.vocab != vocab:
+                return f"grammar: built for a vocabulary of {self.grammar.vocab}, the model has {vocab}"
         return None
 
 

@@ -27,8 +27,8 @@ Accept and roll back, one lane, draft of k = 4, the first 2 taken::
 The token at each position is drawn from the same logits row (rows are
 bit-identical however a pass is packed) with the same RNG key (the lane's
 ``rng_counter_base`` and the position) and the same logit adjustments (penalties,
-bias, ``min_tokens``: from the tokens before the position, draft tokens included;
-:mod:`sf_trt.penalties`), so a step emits exactly what the same number of plain
+bias, ``min_tokens``, a grammar's mask: from the tokens before the position, draft
+tokens included; :mod:`sf_trt.penalties`), so a step emits exactly what the same number of plain
 steps would have emitted.
 
 Backend faults. A refused plan raises :class:`StatusError` before anything runs
@@ -232,6 +232,8 @@ class Executor:
         self._grants: dict[int, Grant] = {}
         self._quarantined: dict[int, str] = {}  # slot -> why its release failed
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
+        self.grammar_cut_tokens = 0
+        """Draft tokens cut before their pass because the lane's grammar forbids them (all lanes, ever)."""
 
     # -- registration and prompts ---------------------------------------------------
 
@@ -557,6 +559,10 @@ class Executor:
                 draft: list[int] = []
                 if lane.drafter is not None and spare_rows > 0:
                     draft = lane.drafter.propose(min(self._draft_limit(lane, budget_left, out[lane.lane_id].max_draft), spare_rows))
+                    if lane.penalties is not None:  # a grammar cuts the draft at its first forbidden token
+                        proposed = len(draft)
+                        draft = lane.penalties.cut_draft(draft)
+                        self.grammar_cut_tokens += proposed - len(draft)
                     spare_rows -= len(draft)
                 drafts.append(draft)
             self._step([lane for lane, _ in active], drafts, out)

@@ -17,26 +17,29 @@ Cost: a lane without adjustments has no books and its rows go through no adjust 
 A lane with them pays ``O(entries * rows)`` numpy work per step, entries being the
 distinct tokens it tracks (the prompt's only under ``repetition_penalty``).
 
-A later per-row constraint (a grammar's token mask) plugs in here the same way: the
-books would hold the grammar state after the lane's tokens, :meth:`rows` would advance
-a copy of it through ``draft[:i]`` for row ``i`` (ending the draft at a token the
-grammar forbids), and the mask would become one more input of the adjust graph.
+A grammar (:mod:`sf_trt.grammar`) plugs in the same way: the books hold the lane's
+matcher, whose state is the lane's emitted tokens; :meth:`LanePenalties.rows` gives row
+``i`` the mask after ``draft[:i]`` (the draft having been cut, before the pass, at the
+first token the grammar forbids: :meth:`LanePenalties.cut_draft`), and the mask is the
+adjust graph's ``adjust_allowed`` input.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from .abi import SamplingFlag, SamplingParams
+from .grammar import LaneGrammar
 from .primitives import LogitAdjust
 
 __all__ = ["LanePenalties", "StepAdjust", "pack"]
 
-StepAdjust = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+StepAdjust = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
 """One lane's step: ``ids [E]`` int64, then ``bias``, ``scale``, ``frequency``,
-``presence`` float32 ``[rows, E]``."""
+``presence`` float32 ``[rows, E]``, then the grammar's ``allowed`` bool ``[rows, vocab]``
+(None: no grammar)."""
 
 
 class LanePenalties:
@@ -53,6 +56,7 @@ class LanePenalties:
         self._count: list[int] = []
         self._bias: list[float] = []
         self._held: list[bool] = []
+        self.grammar = LaneGrammar(params.grammar) if params.grammar is not None else None
         if params.repetition_penalty != 1.0:
             for token in prompt:
                 self._in_prompt[self._entry(int(token))] = True
@@ -79,9 +83,19 @@ class LanePenalties:
     def extend(self, tokens: Sequence[int]) -> None:
         """The lane emitted ``tokens``."""
         self.emitted += len(tokens)
+        if self.grammar is not None:
+            self.grammar.extend(tokens)
         if self.counts_output:
             for token in tokens:
                 self._count[self._entry(int(token))] += 1
+
+    def cut_draft(self, draft: list[int]) -> list[int]:
+        """``draft`` up to the first token the grammar forbids (all of it without a grammar):
+        a forbidden draft token would be rejected by its row anyway, so it is cut on the
+        host before the pass instead of costing a row."""
+        if self.grammar is None or not draft:
+            return draft
+        return draft[: self.grammar.valid_prefix(draft)]
 
     def rows(self, draft: Sequence[int]) -> StepAdjust:
         """The entries of a step whose rows are the pending token then ``draft``: row
@@ -118,17 +132,21 @@ class LanePenalties:
             held = np.zeros(e, bool)
             held[:base] = self._held
             bias[early[:, None] & held[None, :]] = -np.inf
-        return np.asarray(ids, np.int64), bias, scale, frequency, presence
+        allowed = self.grammar.allowed(draft) if self.grammar is not None else None
+        return np.asarray(ids, np.int64), bias, scale, frequency, presence, allowed
 
 
 def pack(steps: list[tuple[int, StepAdjust]]) -> LogitAdjust:
     """The :class:`sf_trt.primitives.LogitAdjust` of a pass from each adjusting lane's
     ``(first logit row, step)``: rows in order, each lane's entries padded to the widest
     with copies of its first entry (an identity entry ``id 0, (0, 1, 0, 0)`` for a lane
-    with none), so duplicate ids write one value."""
+    with none), so duplicate ids write one value; the grammar masks stacked, all True on
+    the rows of a lane without one (no mask at all when no lane has a grammar)."""
     width = max(1, max(len(step[0]) for _, step in steps))
+    masks = [step[5] for _, step in steps if step[5] is not None]
+    allowed = []
     rows, ids, values = [], [], [[], [], [], []]
-    for first, (lane_ids, *lane_values) in steps:
+    for first, (lane_ids, *lane_values, lane_allowed) in steps:
         n = lane_values[0].shape[0]
         rows.append(np.arange(first, first + n, dtype=np.int64))
         if len(lane_ids) == 0:
@@ -138,4 +156,7 @@ def pack(steps: list[tuple[int, StepAdjust]]) -> LogitAdjust:
         ids.append(np.repeat(np.concatenate([lane_ids, np.repeat(lane_ids[:1], pad)])[None, :], n, axis=0))
         for acc, v in zip(values, lane_values):
             acc.append(np.concatenate([v, np.repeat(v[:, :1], pad, axis=1)], axis=1))
-    return LogitAdjust(np.concatenate(rows), np.concatenate(ids), *(np.concatenate(v) for v in values))
+        if masks:
+            allowed.append(lane_allowed if lane_allowed is not None else np.ones((n, masks[0].shape[1]), bool))
+    return LogitAdjust(np.concatenate(rows), np.concatenate(ids), *(np.concatenate(v) for v in values),
+                       allowed=np.concatenate(allowed) if masks else None)

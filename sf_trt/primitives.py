@@ -98,6 +98,7 @@ class LogitAdjust:
     scale: np.ndarray
     frequency: np.ndarray
     presence: np.ndarray
+    allowed: Optional[np.ndarray] = None
 
     @property
     def num_rows(self) -> int:
@@ -397,6 +398,8 @@ class PrimitivesBase:
         for name, value in zip(("bias", "scale", "frequency", "presence"), adjust.values()):
             if np.shape(value) != shape:
                 raise bad(Status.BAD_ARGUMENT, f"{name} shape {np.shape(value)}, expected {shape}")
+        if adjust.allowed is not None and (np.shape(adjust.allowed) != (a, self.capabilities.vocab) or np.asarray(adjust.allowed).dtype != bool):
+            raise bad(Status.BAD_ARGUMENT, f"allowed must be a bool array [{a}, {self.capabilities.vocab}] (got dtype {np.asarray(adjust.allowed).dtype}, shape {np.shape(adjust.allowed)})")
         if a and shape[1] and (adjust.ids.min() < 0 or adjust.ids.max() >= self.capabilities.vocab):
             raise bad(Status.TOKEN_OUT_OF_VOCAB, f"ids outside 0..{self.capabilities.vocab - 1}")
         with np.errstate(invalid="ignore"):

@@ -159,6 +159,32 @@ def test_a_batch_through_llm_equals_the_same_requests_through_sf_trt_serve(llm):
         assert proc.wait(60) == 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_grammar_constrains_generate_greedy_and_sampled_and_greedy_keeps_every_field(llm, temperature):
+    """``llm.grammar`` compiles for the model's tokenizer; temperature 0 keeps the grammar
+    (and the penalties beside it), speculation or not."""
+    import json
+
+    import jsonschema
+
+    from sf_trt.grammar import GrammarError
+
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"}},
+              "required": ["colour", "count"], "additionalProperties": False}
+    conv = [{"role": "user", "content": "Give a colour and a count as JSON."}]
+    params = SamplingParams(temperature=temperature, max_tokens=60, presence_penalty=0.5, grammar=llm.grammar("json_schema", schema))
+    (out,) = llm.chat(conv, params, seed=4)
+    assert out.finish == Finish.EOS
+    jsonschema.validate(json.loads(out.text), schema)
+    (plain,) = llm.generator.run([dataclasses.replace(r, speculate=False) for r in llm.requests(llm.chat_prompts(conv), params, seed=4)])
+    assert plain.tokens == out.tokens
+    req = llm.requests("x", params)[0]
+    assert req.params.grammar is params.grammar and req.params.presence_penalty == 0.5
+    with pytest.raises(GrammarError, match="regex"):
+        llm.grammar("regex", "a(b")
+
+
 def test_a_directory_of_safetensors_names_a_checkpoint_and_any_other_a_model_directory(tmp_path):
     checkpoint, model_dir = tmp_path / "ckpt", tmp_path / "exported"
     checkpoint.mkdir(), model_dir.mkdir()

@@ -26,6 +26,8 @@ class OrtLogitAdjust:
         feeds = {graph.LOGITS: np.ascontiguousarray(logits, np.float32), graph.IDS: np.ascontiguousarray(adjust.ids, np.int64)}
         for name, value in zip(graph.FLOAT_INPUTS, adjust.values()):
             feeds[name] = np.ascontiguousarray(value, np.float32)
+        allowed = adjust.allowed if adjust.allowed is not None else np.ones(logits.shape, bool)
+        feeds[graph.ALLOWED] = np.ascontiguousarray(allowed, bool)
         (out,) = self._session.run([graph.ADJUSTED], feeds)
         return out
 

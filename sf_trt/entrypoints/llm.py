@@ -34,6 +34,7 @@ one-line message; a batch with a bad request is refused whole before any runs.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -42,6 +43,7 @@ from ..backends import BackendSpec
 from ..drafting import PromptLookupConfig
 from ..formats.model_dir import DEFAULT_WEIGHTS
 from ..generate import Generator
+from ..grammar import Grammar, compile_grammar, token_table
 from ..outputs import RequestOutput
 from ..scheduler import DEFAULT_DRAFTER, DRAFTERS, Request, SchedulerConfig, choice_key
 from .model import ModelSpec, resolve
@@ -124,13 +126,24 @@ class LLM:
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             greedy = p.temperature == 0
             mode = Sampling.GPU_GREEDY if greedy else Sampling.GPU_GUMBEL
-            if greedy:
-                p = SamplingParams(temperature=1.0, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, flags=p.flags, min_p=p.min_p)
+            if greedy:  # the temperature is not read under GPU_GREEDY; every other field is kept
+                p = dataclasses.replace(p, temperature=1.0)
             out.append(Request(
                 ids, mode, p, seed=choice_key(seed, i), speculate=speculate, drafter=self.speculate if speculate else DEFAULT_DRAFTER,
                 stop=tuple(stop), stop_token_ids=tuple(stop_token_ids), logprobs=logprobs,
             ))
         return out
+
+    def grammar(self, kind: str, source: Any = None) -> Grammar:
+        """A constraint for :class:`SamplingParams`'s ``grammar``, compiled for this model's
+        tokenizer: ``kind`` one of ``json_schema`` (a schema dict or its text),
+        ``json_object``, ``regex``, ``choice`` (a list of strings), ``lark`` (Lark or GBNF).
+        Raises :class:`sf_trt.grammar.GrammarError` naming what cannot be compiled.
+        ``llm.generate(p, SamplingParams(max_tokens=200, grammar=llm.grammar("json_schema", schema)))``."""
+        if getattr(self, "_token_table", None) is None:
+            caps = self.primitives.capabilities
+            self._token_table = token_table(self.tokenizer, caps.vocab, caps.eos)  # about a second, once
+        return compile_grammar(kind, source, self._token_table)
 
     def generate(
         self,

@@ -20,12 +20,18 @@ name                   dtype    shape     meaning
 ``adjust_frequency``   float32  [R, E]    ``frequency_penalty * count`` (float32 product),
                                           count in the output before the row
 ``adjust_presence``    float32  [R, E]    ``presence_penalty`` where that count is > 0, else 0
+``adjust_allowed``     bool     [R, V]    the grammar's mask: False sets the logit to -inf
+                                          (all True for a row without a grammar)
 =====================  =======  ========  ===================================================
 
 Output ``adjusted`` float32 ``[R, V]``: the logits, and at each entry's token
 ``x = logit + bias; x = x > 0 ? x / scale : x * scale; x = x - frequency; x = x - presence``
 (vLLM's ``apply_penalties`` after its logit-bias and min-tokens processors, in float32,
-op for op). An entry of ``(bias 0, scale 1, frequency 0, presence 0)`` writes its logit
+op for op), then ``-inf`` wherever ``adjust_allowed`` is False (a grammar's forbidden tokens,
+:mod:`sf_trt.grammar`). The mask is dense: a grammar allows or forbids most of a
+vocabulary in turn (inside a JSON string nearly every token, after a key only ``:``), so
+sparse entries would be a vocabulary wide at worst, and a bool row is a quarter of the
+float32 logits row it masks. An entry of ``(bias 0, scale 1, frequency 0, presence 0)`` writes its logit
 back unchanged (``x + 0``, ``x / 1``, ``x * 1``, ``x - 0`` are exact), so the host pads a
 row's entries with copies of its first entry: duplicate indices of ``ScatterElements``
 then write the same value, whichever write lands last.
@@ -42,11 +48,11 @@ from onnx import TensorProto, helper
 
 from .builder import GraphBuilder
 
-__all__ = ["LOGITS", "IDS", "FLOAT_INPUTS", "INPUTS", "ADJUSTED", "ENTRIES", "build_adjust_graph"]
+__all__ = ["LOGITS", "IDS", "FLOAT_INPUTS", "ALLOWED", "INPUTS", "ADJUSTED", "ENTRIES", "build_adjust_graph"]
 
-LOGITS, IDS, ADJUSTED = "logits", "adjust_ids", "adjusted"
+LOGITS, IDS, ALLOWED, ADJUSTED = "logits", "adjust_ids", "adjust_allowed", "adjusted"
 FLOAT_INPUTS = ("adjust_bias", "adjust_scale", "adjust_frequency", "adjust_presence")
-INPUTS = (LOGITS, IDS) + FLOAT_INPUTS
+INPUTS = (LOGITS, IDS) + FLOAT_INPUTS + (ALLOWED,)
 ENTRIES = "adjust_entries"
 """The entries dim's name (a role in :data:`sf_trt.formats.shapes.DIM_ROLES`)."""
 
@@ -62,10 +68,12 @@ def build_adjust_graph(vocab: int) -> onnx.ModelProto:
     positive = g.op("Greater", [x, g.f32(0.0)], "positive")  # [R, E]
     x = g.op("Where", [positive, g.op("Div", [x, scale], "shrunk"), g.op("Mul", [x, scale], "grown")], "repeated")  # [R, E]
     x = g.op("Sub", [g.op("Sub", [x, frequency], "after_frequency"), presence], "penalized")  # [R, E]
-    g.named("ScatterElements", [LOGITS, IDS, x], ADJUSTED, axis=1)  # [R, V]
+    x = g.op("ScatterElements", [LOGITS, IDS, x], "scattered", axis=1)  # [R, V]
+    g.named("Where", [ALLOWED, x, g.f32(-np.inf)], ADJUSTED)  # [R, V]
     v = int(vocab)
     inputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["rows", v]),
               helper.make_tensor_value_info(IDS, TensorProto.INT64, ["rows", ENTRIES])]
     inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["rows", ENTRIES]) for n in FLOAT_INPUTS]
+    inputs.append(helper.make_tensor_value_info(ALLOWED, TensorProto.BOOL, ["rows", v]))
     outputs = [helper.make_tensor_value_info(ADJUSTED, TensorProto.FLOAT, ["rows", v])]
     return g.model("adjust", inputs, outputs, producer="sf_trt.graphs.adjust")

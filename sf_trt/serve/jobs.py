@@ -29,6 +29,8 @@ from ..tokenizer import TokenizerError
 from .errors import ApiError, refusal
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .state import ServerState
+from .structured import request_grammar
+from .tools import ToolPlan, chat_messages, has_tool_support, tool_plan
 
 __all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output",
            "encode_text", "encode_messages", "check_model", "COMPLETION_MAX_TOKENS"]
@@ -64,6 +66,8 @@ class Job:
     seed: int
     logprobs: Optional[int]
     return_token_ids: bool
+    tools: Optional[ToolPlan] = None
+    """A chat request's forced tool call (its output is parsed into ``tool_calls``)."""
 
     @staticmethod
     def completion(state: ServerState, body: CompletionRequest) -> "Job":
@@ -97,15 +101,19 @@ class Job:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
         if body.max_tokens == 0:
             raise ApiError(400, "BadRequestError", "max_tokens: 0 generates nothing; to score a prompt use /v1/completions with echo and logprobs", "max_tokens")
-        ids = encode_messages(state, [{"role": m.role, "content": m.text()} for m in body.messages])
+        native = has_tool_support(state.tokenizer)
+        tools = tool_plan(body.tools, body.tool_choice, native)
+        ids = encode_messages(state, chat_messages(body.messages, tools, native), tools=list(tools.tools) if tools and tools.native else None)
         k = (body.top_logprobs or 0) if body.logprobs else None
         # chat has no echo: its prompt text is never sent back
-        return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens,
-                          body.prompt_logprobs)
+        job = Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens,
+                         body.prompt_logprobs, tool_grammar=tools.grammar() if tools else None)
+        job.tools = tools
+        return job
 
     @staticmethod
     def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens, prompt_logprobs,
-               default_max_tokens: Optional[int] = None) -> "Job":
+               default_max_tokens: Optional[int] = None, tool_grammar: Optional[tuple] = None) -> "Job":
         opts = body.sf_trt
         speculate = (opts.speculate if opts and opts.speculate else None) or state.default_speculate
         max_draft = (opts.max_draft if opts and opts.max_draft else None) or state.default_max_draft
@@ -118,6 +126,7 @@ class Job:
             bias = body.bias_pairs()
         except ValueError as exc:
             raise ApiError(400, Status.BAD_SAMPLING_PARAMS.name, str(exc), "logit_bias") from None
+        grammar = request_grammar(state, body, tool_grammar)
         choices = []
         for p, ids in enumerate(prompts):
             mt = 0 if prompt_only else _max_tokens(
@@ -129,7 +138,7 @@ class Job:
                     top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0, max_tokens=mt, flags=flags,
                     presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
                     repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-                    logit_bias=bias, min_tokens=body.min_tokens or 0,
+                    logit_bias=bias, min_tokens=body.min_tokens or 0, grammar=grammar,
                 )
             except StatusError as exc:
                 raise refusal(exc) from None
@@ -214,13 +223,14 @@ def encode_text(state: ServerState, text: str, param: str, fit_context: bool = T
         raise ApiError(400, "BadRequestError", str(exc), param) from None
 
 
-def encode_messages(state: ServerState, messages: list[dict], add_generation_prompt: bool = True, fit_context: bool = True) -> list[int]:
+def encode_messages(state: ServerState, messages: list[dict], add_generation_prompt: bool = True, fit_context: bool = True,
+                    tools: Optional[list] = None) -> list[int]:
     """The ids of chat messages in the model's template, their contents' size checked
     first (as :func:`encode_text`). Contents stay text: a message cannot forge a control
-    token (a role turn)."""
+    token (a role turn). ``tools``: given to a template with tool support (``tools=``)."""
     _check_text_size(state, sum(_utf8_size(m["content"], "messages") for m in messages), "messages", fit_context)
     try:
-        return state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+        return state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt, **({"tools": tools} if tools else {}))
     except TokenizerError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from None
 

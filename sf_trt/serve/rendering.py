@@ -7,12 +7,14 @@ import contextlib
 import json
 from typing import Any, AsyncIterator, Optional
 
+from ..abi import Finish
 from ..version import __version__
 from ..engine import TokenLogprobs
 from ..outputs import finish_reason
 from .errors import choice_failure
 from .jobs import Choice, Job, abort_job, job_outputs, take_output
 from .state import ServerState
+from .tools import ToolCall, parse_calls
 
 __all__ = ["json_body", "sse_body"]
 
@@ -108,13 +110,26 @@ def _lp(c: Choice, k: Optional[int]) -> Optional[TokenLogprobs]:
     return None if k is None else TokenLogprobs.concat(c.logprobs, k)
 
 
+def _tool_calls(job: Job, c: Choice) -> Optional[tuple[str, list[ToolCall]]]:
+    """``(content, calls)`` of a finished choice whose output holds tool calls, or None: no
+    tools, no call, or a forced call cut short (it stays text, ``finish_reason: "length"``)."""
+    if job.tools is None or c.last is None or (job.tools.call_schema is not None and c.last.finish != Finish.EOS):
+        return None
+    content, calls = parse_calls(c.text, job.tools)
+    return (content, calls) if calls else None
+
+
 def json_body(state: ServerState, job: Job) -> dict:
     tok = state.tokenizer
     choices = []
     for c in job.choices:
         out = c.last
         item: dict[str, Any] = {"index": c.index}
-        if job.kind == "chat":
+        call = _tool_calls(job, c)
+        if call is not None:
+            item["message"] = {"role": "assistant", "content": call[0] or None, "tool_calls": [t.as_json() for t in call[1]]}
+            item["logprobs"] = _chat_logprobs(tok, c.tokens, _lp(c, job.logprobs))
+        elif job.kind == "chat":
             item["message"] = {"role": "assistant", "content": c.text}
             item["logprobs"] = _chat_logprobs(tok, c.tokens, _lp(c, job.logprobs))
         else:
@@ -125,7 +140,7 @@ def json_body(state: ServerState, job: Job) -> dict:
                 item["logprobs"] = _joined(_echo_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs, job.logprobs), item["logprobs"])
         if job.body.prompt_logprobs is not None:
             item["prompt_logprobs"] = _vllm_prompt_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs, job.body.prompt_logprobs)
-        item["finish_reason"] = finish_reason(out.finish, out.error)
+        item["finish_reason"] = "tool_calls" if call is not None else finish_reason(out.finish, out.error)
         item["stop_reason"] = out.stop_reason
         if job.return_token_ids:
             item["token_ids"] = c.tokens
@@ -188,7 +203,7 @@ async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
                 finished = True
                 return
             lp = out.logprobs if job.logprobs is not None else None
-            if out.text or (out.tokens and (lp is not None or job.return_token_ids)):
+            if job.tools is None and (out.text or (out.tokens and (lp is not None or job.return_token_ids))):
                 if chat:
                     item = {"index": c.index, "delta": {"content": out.text or ""}, "logprobs": _chat_logprobs(tok, out.tokens, lp), "finish_reason": None}
                 else:
@@ -198,7 +213,17 @@ async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
                     item["token_ids"] = out.tokens
                 yield chunk(item)
             if out.finished:
-                end = {"index": c.index, "finish_reason": finish_reason(out.finish, out.error), "stop_reason": out.stop_reason, "logprobs": None}
+                call = _tool_calls(job, c)
+                if job.tools is not None:  # with tools the text is held back: the calls come whole, parsed, at the end
+                    if call is not None:
+                        if call[0]:
+                            yield chunk({"index": c.index, "delta": {"content": call[0]}, "logprobs": None, "finish_reason": None})
+                        delta = {"tool_calls": [t.as_json(index=i) for i, t in enumerate(call[1])]}
+                    else:
+                        delta = {"content": c.text}
+                    yield chunk({"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None})
+                reason = "tool_calls" if call is not None else finish_reason(out.finish, out.error)
+                end = {"index": c.index, "finish_reason": reason, "stop_reason": out.stop_reason, "logprobs": None}
                 end.update({"delta": {}} if chat else {"text": ""})
                 if job.return_token_ids:
                     end["token_ids"] = []

@@ -5,10 +5,11 @@ unsupported field is a 400 naming it, never silently ignored. Types are strict
 (``strict=True``): ``"1"`` is not a number, ``1`` is not a bool, ``1.0`` is not an
 int. Fields the OpenAI API defines but sf_trt cannot honour yet are declared so that
 the 400 can say so (:meth:`SamplingFields.unsupported`): they are accepted only at
-their no-op values (``response_format`` ``{"type": "text"}``, no tools,
-``skip_special_tokens`` true). Fields that only annotate a request (``store``,
-``metadata``, ``service_tier``, ``user``, ``parallel_tool_calls``) are accepted and
-change nothing.
+their no-op values (no legacy ``functions``, ``skip_special_tokens`` true). Fields that only annotate
+a request (``store``, ``metadata``, ``service_tier``, ``user``, ``parallel_tool_calls``)
+are accepted and change nothing. ``response_format`` and vLLM's ``structured_outputs`` /
+``guided_*`` are checked by :mod:`sf_trt.serve.structured`, ``tools`` and
+``tool_choice`` by :mod:`sf_trt.serve.tools`.
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ class SamplingFields(_Strict):
     """vLLM's: no EOS, stop token or stop string ends the output before this many tokens."""
     prompt_logprobs: Optional[int] = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
     """vLLM's: each prompt token's logprob (the first's is null) and this many alternatives."""
+    # Output constraints (vLLM's; sf_trt.serve.structured compiles them)
+    structured_outputs: Optional[dict[str, Any]] = None
+    """vLLM's: one of ``json`` (a schema), ``regex``, ``choice`` (strings), ``grammar`` (Lark/GBNF)."""
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
     ignore_eos: bool = False
     """vLLM's: the same as ``sf_trt.ignore_eos``."""
     skip_special_tokens: bool = True
@@ -163,11 +171,14 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
     refusal: Optional[str] = None
     tool_calls: Optional[list[Any]] = None
+    """An assistant message's calls (sf_trt.serve.tools renders them)."""
+    tool_call_id: Optional[str] = None
+    """A tool message's answer to that call."""
 
     def text(self) -> str:
         if self.content is None:
@@ -193,15 +204,9 @@ class ChatCompletionRequest(SamplingFields):
 
     def unsupported(self) -> list[str]:
         out = super().unsupported()
-        if self.response_format not in (None, {"type": "text"}):
-            out.append("response_format")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                out.append(name)
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none"):
-                out.append(name)
-        if any(m.tool_calls for m in self.messages):
-            out.append("messages[].tool_calls")
+        if self.functions:
+            out.append("functions")
+        if self.function_call not in (None, "none"):
+            out.append("function_call")
         return out
 

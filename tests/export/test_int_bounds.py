@@ -235,6 +235,7 @@ def registry_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
         feeds = {"logits": rng.normal(size=(2, 500)).astype(np.float32), "adjust_ids": ids}
         for n, v in zip(("adjust_bias", "adjust_scale", "adjust_frequency", "adjust_presence"), (0.5, 1.3, 0.2, -0.4)):
             feeds[n] = np.full(ids.shape, v, np.float32)
+        feeds["adjust_allowed"] = rng.random((2, 500)) < 0.5  # a grammar's mask
         return feeds
     raise AssertionError(f"registry graph {name!r} has no feeds here: add them")
 

@@ -183,8 +183,8 @@ def test_unknown_fields_are_a_400_that_names_them(fake_server, path, body, param
 
 
 @pytest.mark.parametrize("field, value", [
-    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"),
+    ("functions", [{"name": "f"}]),
+    ("function_call", "auto"),
 ])
 def test_fields_sf_trt_cannot_honour_are_a_400_that_names_them(fake_server, field, value):
     resp = post(fake_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], field: value})
