@@ -45,7 +45,13 @@ class Admit:
     draft_scope: Optional[str] = DEFAULT_SCOPE
     """Whose earlier requests the lane may draft from, and whose corpus its text
     joins when released (a tenant: API key and user); ``None``: its own text only,
-    nothing kept. Read by drafters that keep a corpus (suffix); never by the model."""
+    nothing kept. Read by drafters that keep a corpus (suffix) and by the prefix
+    cache (whose cached prefixes the lane may start from, and which it adds to);
+    never by the model."""
+    cached_len: int = 0
+    """Start the lane from the first ``cached_len`` positions of its prompt as the
+    prefix cache holds them (at most ``Executor.cached_prefix(prompt, draft_scope)``);
+    its prefill then starts there. 0: prefill it all."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +97,9 @@ class Plan:
         rng_counter_base: int = 0,
         logprobs: Optional[int] = None,
         draft_scope: Optional[str] = DEFAULT_SCOPE,
+        cached_len: int = 0,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope))
+        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope, cached_len))
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":

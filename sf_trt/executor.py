@@ -68,6 +68,7 @@ import numpy as np
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from .drafting import Drafter
 from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
+from .prefix_cache import CachedBlock, PrefixCache
 from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
@@ -128,17 +129,22 @@ class ExecutorConfig:
 
     ``ring_capacity``: tokens each lane's output ring holds (and the most one
     ``decode`` may ask for). ``max_prefill_rows``: rows per prefill pass (None:
-    the backend's ``max_rows_per_pass``).
+    the backend's ``max_rows_per_pass``). ``prefix_cache_mb``: MiB of the prefix
+    cache (:mod:`sf_trt.prefix_cache`; 0: none, the bare executor's default; the
+    command line and the server default to ``DEFAULT_PREFIX_CACHE_MB``).
     """
 
     ring_capacity: int = 4096
     max_prefill_rows: Optional[int] = None
+    prefix_cache_mb: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("ring_capacity", "max_prefill_rows"):
+        for name in ("ring_capacity", "max_prefill_rows", "prefix_cache_mb"):
             value = getattr(self, name)
             if not _is_int(value) and not (name == "max_prefill_rows" and value is None):
                 raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: {name} must be an int (got {value!r})")
+        if self.prefix_cache_mb < 0:
+            raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: prefix_cache_mb must be >= 0 (got {self.prefix_cache_mb})")
         if self.ring_capacity < 1:
             raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: ring_capacity must be >= 1 (got {self.ring_capacity})")
         if self.max_prefill_rows is not None and self.max_prefill_rows < 1:
@@ -163,6 +169,10 @@ class _Lane:
     error: Optional[str] = None
     """What failed for this lane in the current tick (see ``Emit.error``)."""
     logprobs: Optional[int] = None
+    scope: Optional[str] = None
+    """The tenant scope (``Admit.draft_scope``): whose cached prefixes the lane shares."""
+    prefix: list[CachedBlock] = dataclasses.field(default_factory=list)
+    """The chain of cached blocks holding the lane's first positions, pinned while it lives."""
 
     @property
     def emitted_len(self) -> int:
@@ -225,6 +235,19 @@ class Executor:
         self._quarantined: dict[int, str] = {}  # slot -> why its release failed
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
         self._logprobs_runner = None  # an OrtLogprobs, made when a lane first asks for logprobs
+        self.prefix_cache: Optional[PrefixCache] = None
+        if config.prefix_cache_mb:
+            if caps.state_bytes_per_token <= 0:
+                raise StatusError(
+                    Status.UNSUPPORTED,
+                    f"Executor: prefix_cache_mb {config.prefix_cache_mb} asks for a prefix cache, and {type(primitives).__name__} "
+                    "cannot save or load state (use prefix_cache_mb=0)",
+                )
+            self.prefix_cache = PrefixCache(config.prefix_cache_mb << 20)
+        self.prefix_queries = 0
+        """Prompt tokens of lanes admitted while the prefix cache was on (vLLM's prefix_cache_queries)."""
+        self.prefix_hits = 0
+        """Of those, the tokens taken from the cache (vLLM's prefix_cache_hits)."""
 
     # -- registration and prompts ---------------------------------------------------
 
@@ -266,6 +289,18 @@ class Executor:
             raise StatusError(Status.BAD_ARGUMENT, f"drop_prompt({prompt_id!r}): prompt ids are ints")
         if self._prompts.pop(prompt_id, None) is None:
             raise StatusError(Status.UNKNOWN_PROMPT, f"drop_prompt({prompt_id}): no such prompt")
+
+    def cached_prefix(self, prompt_id: int, scope: Optional[str]) -> int:
+        """How many of prompt ``prompt_id``'s first positions a lane of ``scope`` admitted
+        now could take from the prefix cache (``Admit.cached_len``): whole blocks, at
+        most all but the last prompt token (whose row a decode computes). 0 when the
+        cache is off, the scope is private (None) or nothing matches."""
+        if not _is_int(prompt_id) or prompt_id not in self._prompts:
+            raise StatusError(Status.UNKNOWN_PROMPT, f"cached_prefix({prompt_id!r}): no such prompt")
+        if self.prefix_cache is None:
+            return 0
+        prompt = self._prompts[prompt_id]
+        return self.prefix_cache.cached_len(scope, prompt, prompt.shape[0] - 1)
 
     def read_tokens(self, ref: TokenRef) -> list[int]:
         """The tokens behind an emit's ``token_ref``."""
@@ -358,7 +393,7 @@ class Executor:
             if isinstance(op, Admit):
                 free -= 1
                 self._check_admit(op, shadow, free)
-                shadow[int(op.lane)] = [len(self._prompts[op.prompt]), 0, False, False]
+                shadow[int(op.lane)] = [len(self._prompts[op.prompt]), int(op.cached_len), False, False]
                 checked.touched.append(int(op.lane))
                 checked.admits.append(op)
             elif isinstance(op, Prefill):
@@ -435,6 +470,13 @@ class Executor:
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= TOP_LOGPROBS_MAX):
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
         check_draft_scope(op.draft_scope, name)
+        cached = op.cached_len
+        if not _is_int(cached) or cached < 0:
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: cached_len must be an int >= 0 (got {cached!r})")
+        if cached:
+            held = self.cached_prefix(op.prompt, op.draft_scope)
+            if cached > held or cached % self.prefix_cache.block_tokens:
+                raise StatusError(Status.PREFIX_NOT_CACHED, f"{name}: cached_len {cached}, and the prefix cache holds {held} positions of the prompt for its scope (whole blocks)")
         if free_after < 0:
             held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
             raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use{held}")
@@ -447,11 +489,33 @@ class Executor:
         tokens = prompt.tolist()
         drafter = grant.new_drafter(tokens, op.draft_scope) if grant is not None else None
         slot = self._free_slots.pop()
-        self._lanes[int(op.lane)] = _Lane(
+        lane = self._lanes[int(op.lane)] = _Lane(
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
             params=op.params, rng_counter_base=int(op.rng_counter_base), grant=grant, drafter=drafter, tokens=tokens,
-            logprobs=None if op.logprobs is None else int(op.logprobs),
+            logprobs=None if op.logprobs is None else int(op.logprobs), scope=op.draft_scope,
         )
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        self.prefix_queries += lane.prompt_len
+        if op.cached_len:
+            lane.prefix = cache.match(lane.scope, prompt, op.cached_len)  # the check saw them: nothing was evicted since
+            cache.pin(lane.prefix)
+            lane.prefilled_len = op.cached_len
+            if self._call("prefix load", [lane], self.primitives.load_prefix, slot, [b.state for b in lane.prefix]) is not _FAULT:
+                self.prefix_hits += op.cached_len
+
+    def _save_prefix(self, lane: _Lane, length: int) -> None:
+        """Offer the lane's first ``length`` positions (whole blocks) to the prefix cache."""
+        if self.prefix_cache is None or lane.error is not None:
+            return
+
+        def read(start: int, n: int) -> Any:
+            state = self._call("prefix save", [lane], self.primitives.save_block, lane.slot, start, n)
+            return None if state is _FAULT else state
+
+        block_bytes = self.prefix_cache.block_tokens * self.caps.state_bytes_per_token
+        lane.prefix = self.prefix_cache.extend(lane.scope, lane.prefix, lane.tokens, length, read, block_bytes)
 
     def _prefill(self, prefills: list[Prefill]) -> None:
         """Forward the prompt chunks (all but each prompt's last token) in packed passes.
@@ -464,6 +528,8 @@ class Executor:
         by_slot: dict[int, _Lane] = {}
         for op in prefills:
             lane = self._lanes[op.lane]
+            if lane.finish != Finish.NONE:  # its prefix load failed: it has ended
+                continue
             by_slot[lane.slot] = lane
             end = min(op.start + op.length, lane.prompt_len - 1)
             if end > op.start:
@@ -483,6 +549,8 @@ class Executor:
             if self._call("prefill forward", lanes, self.primitives.forward, rows) is _FAULT:
                 left = ~np.isin(slots_all, rows.lanes)
                 slots_all, pos_all, tok_all = slots_all[left], pos_all[left], tok_all[left]
+        for lane in by_slot.values():  # a running lane's prompt is a prefix others may start from
+            self._save_prefix(lane, min(lane.prefilled_len, lane.prompt_len - 1))
 
     # -- decode ----------------------------------------------------------------------------------
 
@@ -626,7 +694,12 @@ class Executor:
         return Events(emits)
 
     def _release(self, lane: _Lane) -> None:
-        """Free the lane's id, and its slot unless the backend fails to release it."""
+        """Free the lane's id, and its slot unless the backend fails to release it. What it
+        committed (prompt and output) is offered to the prefix cache first."""
+        if self.prefix_cache is not None:
+            self._save_prefix(lane, lane.committed_len)
+            self.prefix_cache.unpin(lane.prefix)
+            lane.prefix = []
         released = self._call("release", [lane], self.primitives.release, lane.slot) is not _FAULT
         del self._lanes[lane.lane_id]
         if released:
@@ -661,6 +734,13 @@ class Executor:
                 raise AssertionError(f"{where}: backend state holds {state_len} positions, the lane committed {lane.committed_len}")
             if lane.drafter is not None and lane.drafter.history_len != len(lane.tokens):
                 raise AssertionError(f"{where}: drafter history {lane.drafter.history_len} != tokens {len(lane.tokens)}")
+            if self.prefix_cache is not None and len(lane.prefix) * self.prefix_cache.block_tokens > state_len:
+                raise AssertionError(f"{where}: pins {len(lane.prefix)} cached blocks past its {state_len} positions")
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_integrity()
+            pins = sum(len(lane.prefix) for lane in self._lanes.values())
+            if pins != sum(b.refs for b in self.prefix_cache._blocks.values()):
+                raise AssertionError(f"prefix cache: lanes pin {pins} blocks, the cache counts {sum(b.refs for b in self.prefix_cache._blocks.values())}")
         for slot in self._free_slots:
             if self.primitives.state_len(slot) != 0:
                 raise AssertionError(f"free slot {slot}: backend state holds {self.primitives.state_len(slot)} positions")
@@ -678,4 +758,5 @@ class Executor:
         return (
             lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings),
             tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)), shared,
+            None if self.prefix_cache is None else (len(self.prefix_cache), self.prefix_cache.bytes),
         )

@@ -54,6 +54,8 @@ CASES = {
     "ungranted slot": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=9), Status.REJECT_ILLEGAL_COMBINATION, "admit(lane=1)"),
     "draft scope not a str": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=s, draft_scope=5), Status.BAD_ARGUMENT, "admit(lane=1): draft_scope"),
     "draft scope too long": (lambda h, p, s: h.plan().admit(1, p, draft_scope="k" * 1025), Status.BAD_ARGUMENT, "1025 characters"),
+    "prefix not cached": (lambda h, p, s: h.plan().admit(1, p, cached_len=16), Status.PREFIX_NOT_CACHED, "admit(lane=1): cached_len 16"),
+    "cached length negative": (lambda h, p, s: h.plan().admit(1, p, cached_len=-1), Status.BAD_ARGUMENT, "admit(lane=1): cached_len"),
     "gumbel at temperature 0": (
         lambda h, p, s: h.plan().admit(1, p, sampling=Sampling.GPU_GUMBEL, params=SamplingParams(temperature=0.0)),
         Status.BAD_SAMPLING_PARAMS, "admit(lane=1)",
