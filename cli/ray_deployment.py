@@ -93,7 +93,7 @@ class SfTrtReplica:
         await asyncio.wait_for(self.hub.report.remote(self.replica, self.state.metrics.render()), HUB_TIMEOUT_S)
 
     async def _deployment_metrics(self) -> bytes:
-        from sf_trt.serve.app import ApiError
+        from sf_trt.serve.errors import ApiError
 
         try:
             await self._report()

@@ -54,8 +54,8 @@ def server_state(args, *, max_queued: int | None = None, const_labels: dict[str,
     from sf_trt.drafting import PromptLookupConfig
     from sf_trt.engine_loop import EngineLoop, LoopConfig
     from sf_trt.scheduler import LoadAwareDrafting
-    from sf_trt.serve.app import ServerState
     from sf_trt.serve.metrics import ServerMetrics
+    from sf_trt.serve.state import ServerState
 
     name = served_model_name(args)
     state = ServerState(

@@ -14,8 +14,9 @@ import httpx
 
 from sf_trt.engine_loop import EngineLoop, LoopConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
-from sf_trt.serve.app import ServerState, create_app
+from sf_trt.serve.app import create_app
 from sf_trt.serve.metrics import ServerMetrics
+from sf_trt.serve.state import ServerState
 from sf_trt.tokenizer import ByteTokenizer
 
 from fakes import POISON, FaultyFake, SlowFake  # noqa: F401 - re-exported for the serve tests

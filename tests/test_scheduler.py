@@ -1,4 +1,4 @@
-"""The scheduler (sf_trt/scheduler.py): stops cut exactly where they complete, the same
+"""The scheduler (sf_trt/scheduler/): stops cut exactly where they complete, the same
 with speculation on and off; the drafting policy; seeds per choice; faults."""
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def test_load_aware_drafting_drafts_only_while_the_gain_pays_for_the_padding():
 
 def test_a_lanes_draft_record_starts_from_the_prior_and_fades_and_its_idle_ticks_count():
     from sf_trt.engine import Emit, SpecCounts, TokenRef
-    from sf_trt.scheduler import ACCEPTANCE_DECAY, ACCEPTANCE_PRIOR
+    from sf_trt.scheduler.sequence import ACCEPTANCE_DECAY, ACCEPTANCE_PRIOR
 
     REF = TokenRef(0, 0, 8)  # apply() reads only the counts and the tokens it is given
     seq = Sequence(0, Request([1]), 1, None, 0.0)
@@ -242,7 +242,7 @@ def test_load_aware_drafting_changes_no_token_and_sheds_drafts_in_a_full_batch()
 
 
 def test_choice_keys_use_the_seed_for_choice_0_and_splitmix64_for_the_others():
-    from sf_trt.scheduler import _splitmix64
+    from sf_trt.scheduler.requests import _splitmix64
 
     assert _splitmix64(0) == 0xE220A8397B1DCDAF  # SplitMix64's first output from state 0 (published)
     assert choice_key(42, 0) == 42

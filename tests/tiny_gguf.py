@@ -11,9 +11,9 @@ from sf_trt.formats.model_dir import LlamaConfig
 
 
 def _byte_pieces() -> list[str]:
-    from sf_trt.tokenizer import _byte_alphabet
+    from sf_trt.tokenizer.byte_level import byte_alphabet
 
-    table = _byte_alphabet()
+    table = byte_alphabet()
     return [table[b] for b in range(256)]
 
 

@@ -163,7 +163,9 @@ def verify_against_reference(run_debug: Callable, run_plain: Callable | None, ro
     ``u`` must be ``hash_u`` bit for bit, its tokens ``reference_verify_sample``'s on every row
     not within float rounding of a flip (the criterion of tests/graphs/test_verify.py), and
     ``run_plain`` (the production verify engine, when given) must draw the same tokens."""
+    from sf_trt.graphs import noise as N
     from sf_trt.graphs import verify as V
+    from sf_trt.graphs.reference import reference_verify_sample
 
     rng = np.random.default_rng(20260101)
     robust_rows = checked = 0
@@ -172,11 +174,11 @@ def verify_against_reference(run_debug: Callable, run_plain: Callable | None, ro
         feeds = {"logits": f["logits"], **V.sample_feeds(sample_rows_from(f))}
         out = run_debug(feeds)
         u = np.asarray(out["u"])[:, :vocab]
-        want_u = V.hash_u(f["rng_counter_base"], f["position"], vocab)
+        want_u = N.hash_u(f["rng_counter_base"], f["position"], vocab)
         if not np.array_equal(u.astype(np.float64), want_u):
             bad = int(np.sum(u.astype(np.float64) != want_u))
             raise AssertionError(f"u differs from hash_u in {bad} of {u.size} values")
-        ref, _, d = V.reference_verify_sample(**f, top_k_limit=top_k_limit, details=True)
+        ref, _, d = reference_verify_sample(**f, top_k_limit=top_k_limit, details=True)
         gumbel = f["mode"] == V.GUMBEL
         fragile = gumbel & ((d["score_gap"] < 1e-4) | (d["mass_gap"] < 1e-4) | (d["lo_gap"] < 1e-4))
         tokens = np.asarray(out["tokens"])

@@ -4,8 +4,9 @@
 onnxruntime and ``sf-trt build`` turns into a TensorRT engine (always fp32);
 ``build_greedy_graph(vocab)`` is its greedy-only twin with the same inputs and
 outputs, for batches with no Gumbel row; ``build_candidate_graph(vocab, top_k_limit)``
-its nucleus path alone, for onnxruntime ("Cost" below). ``reference_verify_sample`` is
-a numpy model of the same sampler, for tests only.
+its nucleus path alone, for onnxruntime ("Cost" below).
+:func:`sf_trt.graphs.reference.reference_verify_sample` is a numpy model of the same
+sampler, for tests only.
 
 Inputs (``rows`` is the one dynamic dim, the vocabulary ``V`` is static):
 
@@ -78,37 +79,9 @@ probability below ``exp(-D)``, so all of them together hold less than
 the largest float32 ``top_p`` below it) for any ``V < 2**45``, so the nucleus never
 needs them, and the bracket is at most 48 wide: 24 halvings leave it under 3e-6.
 
-The hash: every integer an exact ``int32`` below ``2**24``, on any backend. TensorRT's
-integer division may round through float32 (NVIDIA/TensorRT#4702; export/OPS.md,
-"Integer arithmetic"), so nothing the graph computes may need more than float32's 24
-bits: every operand and result of its integer ``Add``/``Mul``/``Div``/``Sub`` stays in
-``[0, 2**24)``, which ``sf_trt.export.int_bounds`` proves over the built graph from the
-ranges it declares. Wide mixing runs where integers are exact everywhere, on the host:
-
-* per row, on the host (:func:`noise_keys`): the 63-bit key and the 31-bit position
-  go through two rounds of a 64-bit finalizer (``fmix64``, xor-shift-multiply) whose
-  bits give three additive keys ``a_i`` in ``[0, 4096)`` and three odd multipliers
-  ``m_i`` in ``[1025, 2047]`` (63 bits of key material per row);
-* per token, at build time: a fixed bijection of ``[0, 2**24)`` (multiply, xor-shift)
-  gives each token id a distinct state ``(A, B)``, two 12-bit halves, as ``[1, Vp]``
-  constants;
-* per (row, token), on ``[R, Vp]``: three Feistel rounds
-  ``(A, B) -> (B, (A + F_i(B)) mod 4096)`` with ``F_i(B) = lo(p) + hi(p)``,
-  ``p = (B + a_i) * m_i < 8192 * 2048 = 2**24`` (``lo``/``hi`` the product's low and
-  high 12 bits): the fold is linear modulo 4095 and the state adds modulo 4096, two
-  operations that do not mix linearly (IDEA's idea, in miniature); computed as
-  ``t = A + p + p div 4096 <= 4095 + 16764930 + 4093 < 2**24`` and
-  ``t mod 4096 = t - 4096 * (t div 4096)``. A Feistel round is a bijection whatever
-  ``F`` is, so each row maps distinct tokens to distinct states;
-* ``h = (B div 2) * 4096 + A`` in ``[0, 2**23)`` (the top bits come from the last
-  round, so every key affects them), and ``u = (h + 0.5) * 2**-23 = (2h + 1) / 2**24``
-  in float32: 24 significant bits, so ``u`` is exact and ``2**-24 <= u <= 1 - 2**-24``
-  (with 24 hash bits ``(h + 0.5) / 2**24`` would need 25 bits and could round to 1.0,
-  making ``g`` infinite).
-
-The quality tests (tests/graphs/test_verify.py) hold it to the 0.999 chi-square quantile
-for uniformity of ``u``, independence of adjacent positions, keys and tokens, uniform
-argmax over a row's tokens, and sampled frequencies against the softmax.
+The hash (:mod:`sf_trt.graphs.noise`): every integer an exact ``int32`` below ``2**24``,
+on any backend; the row's keys are made on the host (:func:`~sf_trt.graphs.noise.noise_keys`),
+each token's state is a constant, and three Feistel rounds on ``[R, Vp]`` give ``u``.
 
 Layout. ``V`` is padded with ``-inf`` logits to a multiple of :data:`PAD_TO` (16)
 when it is not one. onnxruntime's CPU kernels (Eigen) compute the unaligned head
@@ -136,21 +109,21 @@ logits it costs about 1.8 ms against 13 ms for the bisection (docs/benchmarks.md
 
 from __future__ import annotations
 
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from ..abi import Sampling
 from .builder import OPSET, GraphBuilder
+from .noise import LIMB, MAX_VOCAB, MUL_RANGE, ROUNDS, U_BITS, feistel, noise_keys, token_states
 from .ranges import declare_ranges
 
 __all__ = [
     "OPSET", "ROWS", "LOGITS", "SAMPLE_FIELDS", "NOISE_ADD", "NOISE_MUL", "SAMPLE_INPUTS", "INPUTS",
     "TOKENS", "MATCH", "OUTPUTS", "COVERED", "GREEDY", "GUMBEL", "TOPK_MAX_K", "PAD_TO", "CANDIDATES", "BISECT_STEPS", "BISECT_SPAN",
-    "ROUNDS", "LIMB", "MUL_RANGE", "U_BITS", "MAX_VOCAB", "DEBUG_OUTPUTS",
+    "DEBUG_OUTPUTS",
     "build_verify_graph", "build_candidate_graph", "build_greedy_graph", "padded_vocab", "topk_k",
-    "noise_keys", "sample_feeds", "token_states", "hash_u", "hash_bits", "reference_verify_sample",
+    "sample_feeds",
 ]
 
 ROWS = "rows"
@@ -179,15 +152,6 @@ CANDIDATES = 256
 """How many of a row's largest ``s`` the nucleus path draws from (module docstring, "Cost")."""
 BISECT_STEPS = 24
 BISECT_SPAN = 48.0
-ROUNDS = 3
-"""Feistel rounds of the per-(row, token) hash."""
-LIMB = 4096
-"""The hash's state halves and additive keys are in ``[0, LIMB)``."""
-MUL_RANGE = (1025, 2047)
-"""The odd multiplicative keys: ``(4095 + 4095) * 2047 < 2**24``."""
-U_BITS = 23
-MAX_VOCAB = 2**24
-"""Token states are a bijection of ``[0, 2**24)``: the padded vocabulary must fit."""
 
 _INPUT_TYPES = {
     "logits": TensorProto.FLOAT, "mode": TensorProto.INT64, "temperature": TensorProto.FLOAT,
@@ -208,79 +172,6 @@ def topk_k(vocab: int, top_k_limit: int) -> int:
     return min(vocab, top_k_limit)
 
 
-# -- the hash ----------------------------------------------------------------------------------
-#
-# The host part (noise_keys, token_states) is exact 64-bit integer code. The per-(row,
-# token) part, _feistel, is written once over abstract integer ops and runs on numpy
-# (the reference, hash_u) and as ONNX nodes (the graph); hash_bits is a third, separate
-# statement of the same function in Python ints, for the tests.
-
-_M64 = 2**64 - 1
-_FMIX = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)
-_KEY_SALT, _POS_MUL, _POS_SALT = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7
-_ADD_SHIFTS = tuple(12 * i for i in range(ROUNDS))  # bits 0..35 of the row's 64-bit hash
-_MUL_SHIFTS = tuple(36 + 9 * i for i in range(ROUNDS))  # bits 36..62
-_TOKEN_STEPS = ((0x9E3779, 0x5A5A5, 12), (0x85EBCB, 0x3C6EF, 11), (0xC2B2AF, 0x1B873, 12))
-"""(odd multiplier, addend, xor-shift) per step of the token-state bijection of [0, 2**24)."""
-
-
-_U64 = {name: np.uint64(v) for name, v in (
-    ("33", 33), ("f0", _FMIX[0]), ("f1", _FMIX[1]), ("key", _KEY_SALT), ("pmul", _POS_MUL), ("psalt", _POS_SALT),
-)}
-_SHIFTS = np.array(_ADD_SHIFTS + _MUL_SHIFTS, np.uint64)
-_MASK_LIST = (LIMB - 1,) * ROUNDS + (511,) * ROUNDS
-_MASKS = np.array(_MASK_LIST, np.uint64)
-
-
-def _fmix64(z: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer, in place on a uint64 array (numpy wraps modulo 2**64)."""
-    z ^= z >> _U64["33"]
-    z *= _U64["f0"]
-    z ^= z >> _U64["33"]
-    z *= _U64["f1"]
-    z ^= z >> _U64["33"]
-    return z
-
-
-def _fmix64_int(z: int) -> int:
-    """:func:`_fmix64` of one value, in Python ints."""
-    z ^= z >> 33
-    z = (z * _FMIX[0]) & _M64
-    z ^= z >> 33
-    z = (z * _FMIX[1]) & _M64
-    return z ^ (z >> 33)
-
-
-def _row_hash(key: int, position: int) -> int:
-    """The row's 64-bit hash, in Python ints (:func:`noise_keys` in numpy for many rows)."""
-    return _fmix64_int(_fmix64_int((key + _KEY_SALT) & _M64) ^ ((position * _POS_MUL + _POS_SALT) & _M64))
-
-
-_FEW_ROWS = 4
-"""Up to this many rows, :func:`noise_keys` hashes in Python ints: cheaper than ~30 numpy calls."""
-
-
-def noise_keys(rng_counter_base, position) -> tuple[np.ndarray, np.ndarray]:
-    """The graph's ``(noise_add, noise_mul)``, int32 ``[R, ROUNDS]`` each, for rows with
-    these ``rng_counter_base`` (``0 <= key < 2**63``) and ``position`` (``0 <= position < 2**31``):
-    fields of ``fmix64(fmix64(key + c0) ^ (position * c1 + c2))``, bits 0..35 the additive
-    keys, bits 36..62 the multipliers' 9-bit indices."""
-    key = np.asarray(rng_counter_base, np.int64).reshape(-1)
-    pos = np.asarray(position, np.int64).reshape(-1)
-    if key.size <= _FEW_ROWS:
-        rows = [_row_hash(k, p) for k, p in zip(key.tolist(), pos.tolist())]
-        fields = np.array([[(z >> s) & m for s, m in zip(_ADD_SHIFTS + _MUL_SHIFTS, _MASK_LIST)] for z in rows], np.int32)
-        fields = fields.reshape(-1, 2 * ROUNDS)
-        return fields[:, :ROUNDS], fields[:, ROUNDS:] * 2 + MUL_RANGE[0]
-    key, pos = key.astype(np.uint64), pos.astype(np.uint64)
-    key += _U64["key"]
-    pos *= _U64["pmul"]
-    pos += _U64["psalt"]
-    z = _fmix64(_fmix64(key) ^ pos)
-    fields = ((z[:, None] >> _SHIFTS) & _MASKS).astype(np.int32)  # [R, 2 * ROUNDS]
-    return fields[:, :ROUNDS], fields[:, ROUNDS:] * 2 + MUL_RANGE[0]
-
-
 def sample_feeds(sample, *, noise: bool = True) -> dict[str, np.ndarray]:
     """Every input of the verify graph but ``logits``, by name and in the graph's dtypes,
     from a :class:`sf_trt.primitives.SampleRows` (or anything with its fields).
@@ -295,78 +186,12 @@ def sample_feeds(sample, *, noise: bool = True) -> dict[str, np.ndarray]:
     return feeds  # by name: the order of SAMPLE_INPUTS does not matter to a session
 
 
-def token_states(vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """The per-token hash states ``(A, B)``, int32 ``[vocab]`` each in ``[0, 4096)``: a fixed
-    bijection of ``[0, 2**24)`` applied to the token ids, split into 12-bit halves."""
-    x = np.arange(vocab, dtype=np.int64)
-    for mul, add, shift in _TOKEN_STEPS:
-        x = (x * mul + add) & (MAX_VOCAB - 1)  # odd multiplier: a bijection modulo 2**24
-        x = x ^ (x >> shift)  # a bijection too
-    return (x >> 12).astype(np.int32), (x & (LIMB - 1)).astype(np.int32)
-
-
-def _round(o, a, b, add, mul):
-    """One Feistel round: ``(A, B) -> (B, (A + lo(p) + hi(p)) mod 4096)``, ``p = (B + add) * mul``.
-    ``B, add < 4096``, ``mul <= 2047``: ``p <= 8190 * 2047 = 16764930``; ``t = A + p + hi(p) <= 16773118 < 2**24``."""
-    p = o.mul(o.add(b, add), mul)
-    t = o.add(a, o.add(p, o.div(p, LIMB)))  # == A + lo(p) + hi(p) modulo 4096
-    return b, o.sub(t, o.mul(o.div(t, LIMB), LIMB))
-
-
-def _feistel(o, a, b, adds, muls):
-    """The per-(row, token) hash: ``ROUNDS`` rounds, then ``h = (B div 2) * 4096 + A`` in ``[0, 2**23)``."""
-    for add, mul in zip(adds, muls):
-        a, b = _round(o, a, b, add, mul)
-    return o.add(o.mul(o.div(b, 2), LIMB), a)
-
-
-class _NumpyOps:
-    """int64 numpy arrays: every value is below 2**24, so nothing wraps."""
-
-    def add(self, x, y):
-        return np.add(x, y, dtype=np.int64)
-
-    def sub(self, x, y):
-        return np.subtract(x, y, dtype=np.int64)
-
-    def mul(self, x, y):
-        return np.multiply(x, y, dtype=np.int64)
-
-    def div(self, x, d):
-        return np.floor_divide(x, np.int64(d))  # operands >= 0: floor and truncation agree
-
-
-def hash_u(rng_counter_base: np.ndarray, position: np.ndarray, vocab: int) -> np.ndarray:
-    """The graph's ``u`` in numpy: float64 ``[R, vocab]``, each value exactly the float32 the
-    graph computes."""
-    adds, muls = noise_keys(rng_counter_base, position)
-    a, b = (x.astype(np.int64).reshape(1, -1) for x in token_states(vocab))
-    h = _feistel(_NumpyOps(), a, b, adds.astype(np.int64).T[..., None], muls.astype(np.int64).T[..., None])
-    return (h.astype(np.float64) + 0.5) * 2.0**-U_BITS
-
-
-def hash_bits(key: int, position: int, token: int) -> int:
-    """The hash ``h`` of one (key, position, token), in Python ints, written independently of
-    the numpy and ONNX forms of the token states and the rounds (tests compare the three)."""
-    z = _row_hash(key, position)
-    x = token
-    for mul, add, shift in _TOKEN_STEPS:
-        x = (x * mul + add) % MAX_VOCAB
-        x ^= x >> shift
-    a, b = divmod(x, LIMB)
-    for i in range(ROUNDS):
-        k, m = (z >> (12 * i)) % LIMB, MUL_RANGE[0] + 2 * ((z >> (36 + 9 * i)) % 512)
-        lo, hi = divmod((b + k) * m, LIMB)[::-1]
-        a, b = b, (a + lo + hi) % LIMB
-    return (b // 2) * LIMB + a
-
-
 # -- the graph ---------------------------------------------------------------------------------
 
 
 class _Builder(GraphBuilder):
     """The graph builder with the hash's int32 ops (scalars are initializers that broadcast),
-    so :func:`_feistel` runs on ONNX tensors as it runs on numpy arrays (:class:`_NumpyOps`)."""
+    so :func:`feistel` runs on ONNX tensors as it runs on numpy arrays (:class:`NumpyOps`)."""
 
     hash_inputs = None  # set by _hash_inputs
 
@@ -604,7 +429,7 @@ def _candidate_draw(b: _Builder, m: str, cands: tuple[str, str], keep, kth_on, m
         kept = b.op("And", [kept, b.op("GatherElements", [keep, ids], "keep_c", axis=1)], "kept_c")
     adds, muls, states = _hash_inputs(b, Vp)
     state_a, state_b = (b.op("Gather", [x, ids], f"{x}_c", axis=0) for x in states)  # [R, C] int32: the candidates' states
-    h = _feistel(b, state_a, state_b, adds, muls)  # [R, C] int32 in [0, 2**23)
+    h = feistel(b, state_a, state_b, adds, muls)  # [R, C] int32 in [0, 2**23)
     loglog, _ = _loglog(b, h, C)  # [R, C]
     score = b.op("Sub", [vals, loglog], "score_c")  # [R, C]: s + g
     score = b.op("Where", [kept, score, b.f32(-np.inf)], "score_kept_c")  # [R, C]
@@ -674,7 +499,7 @@ def _gumbel_argmax(b: _Builder, s: str, keep, Vp: int) -> tuple[str, str]:
     [R, Vp] in int32, every value in [0, 2**24)), then ``argmax(s - log(-log u))`` over the
     kept tokens."""
     adds, muls, (state_a, state_b) = _hash_inputs(b, Vp)
-    h = _feistel(b, state_a, state_b, adds, muls)  # [R, Vp] int32 in [0, 2**23)
+    h = feistel(b, state_a, state_b, adds, muls)  # [R, Vp] int32 in [0, 2**23)
     loglog, u = _loglog(b, h, Vp)  # [R, Vp]: log(-log u) = -g, finite
     score = b.op("Sub", [s, loglog], "score")  # [R, Vp]: s + g
     if keep is not None:
@@ -709,100 +534,3 @@ def _debug_outputs(b: _Builder, s: str, m: str, u: str, keep, lo, Vp: int) -> li
         helper.make_tensor_value_info("keep", TensorProto.BOOL, [ROWS, Vp]),
         helper.make_tensor_value_info("lo", TensorProto.FLOAT, [ROWS, 1]),
     ]
-
-
-# -- the numpy reference (tests only) ----------------------------------------------------------
-
-
-def reference_verify_sample(
-    logits: np.ndarray,
-    mode: np.ndarray,
-    temperature: np.ndarray,
-    top_p: np.ndarray,
-    top_k: np.ndarray,
-    rng_counter_base: np.ndarray,
-    position: np.ndarray,
-    draft: np.ndarray,
-    min_p: np.ndarray | None = None,
-    *,
-    top_k_limit: int = 1024,
-    candidates: int = CANDIDATES,
-    details: bool = False,
-):
-    """The sampler in numpy: ``(tokens [R] int64, match [R] bool)``.
-
-    ``s`` is computed in float32 (bit-identical to the graph's ``Div``), ``u`` exactly as
-    the graph's; the softmax, the candidates' running mass, the bisection and ``g`` run in
-    float64, so a row whose decision is within float32 rounding of a tie or of the top-p
-    threshold may differ from the graph. ``top_k_limit`` and ``candidates`` are the
-    graph's. ``details=True`` adds a dict: ``keep`` [R, V], ``lo`` [R], ``s`` [R, V],
-    ``covered`` [R] (the Gumbel rows the nucleus path draws),
-    and how close each row is to such a flip: ``score_gap`` [R] (best minus second-best
-    kept score), ``lo_gap`` [R] (the lowest ``s`` top-p keeps minus the highest it drops) and
-    ``mass_gap`` [R] (distance from ``top_p`` to the nearest cumulative probability of the
-    tokens in descending order); the last two are +inf where top-p is off; ``min_p_gap``
-    [R] (distance from ``min_p`` to the nearest ``exp(s - m)``; +inf where min-p is off).
-    ``min_p`` None means 0 on every row.
-    """
-    logits = np.asarray(logits, np.float32)
-    R, V = logits.shape
-    mode = np.asarray(mode, np.int64)
-    gum = mode == GUMBEL
-    temp = np.where(gum, np.asarray(temperature, np.float32), np.float32(1.0)).astype(np.float32)
-    s = (logits / temp[:, None]).astype(np.float64)  # float32 division, then widened
-    K = topk_k(V, top_k_limit)
-    top_k = np.asarray(top_k, np.int64)
-    vals = -np.sort(-s, axis=1)[:, :K]
-    kidx = np.clip(top_k - 1, 0, K - 1)
-    kth = vals[np.arange(R), kidx]
-    k_on = top_k > 0
-    m = vals[:, 0]
-    mp = np.zeros(R, np.float64) if min_p is None else np.asarray(min_p, np.float32).astype(np.float64)
-    with np.errstate(under="ignore", invalid="ignore"):
-        ratio = np.exp(s - m[:, None])  # p / p_max
-    keep_k = ((s >= kth[:, None]) | ~k_on[:, None]) & (ratio >= mp[:, None])  # top-k and min-p
-    e = np.where(keep_k, ratio, 0.0)
-    z = e.sum(axis=1)
-    tp = np.asarray(top_p, np.float32).astype(np.float64)
-    target = tp * z
-    lo = np.maximum(np.where(k_on, kth, -np.inf), m - BISECT_SPAN)
-    hi = m.copy()
-    for _ in range(BISECT_STEPS):
-        mid = 0.5 * lo + 0.5 * hi
-        mass = np.where(keep_k & (s >= mid[:, None]), e, 0.0).sum(axis=1)
-        ok = mass >= target
-        lo = np.where(ok, mid, lo)
-        hi = np.where(ok, hi, mid)
-    p_off = tp >= 1.0
-    keep = keep_k & ((s >= lo[:, None]) | p_off[:, None])
-    # the nucleus path: the running mass of the C candidates in descending order
-    C = topk_k(V, candidates)
-    cand = -np.sort(-s, axis=1)[:, :C]
-    cum = np.cumsum(np.take_along_axis(e, np.argsort(-s, axis=1, kind="stable")[:, :C], axis=1), axis=1)
-    lo_p = cand[np.arange(R), np.minimum((cum < target[:, None]).sum(axis=1), C - 1)]
-    lo_c = np.maximum(np.where(k_on, kth, -np.inf), np.where(p_off, -np.inf, lo_p))
-    covered = gum & (lo_c > cand[:, C - 1])
-    keep = np.where(covered[:, None], keep_k & (s >= lo_c[:, None]), keep)
-    lo = np.where(covered, lo_c, lo)
-    u = hash_u(rng_counter_base, position, V)
-    g = -np.log(-np.log(u))
-    score = np.where(keep, s + g, -np.inf)
-    tokens = np.where(gum, score.argmax(axis=1), logits.argmax(axis=1)).astype(np.int64)
-    match = tokens == np.asarray(draft, np.int64)
-    if not details:
-        return tokens, match
-    top2 = -np.sort(-score, axis=1)[:, :2] if V > 1 else np.concatenate([score, np.full((R, 1), -np.inf)], axis=1)
-    with np.errstate(invalid="ignore"):
-        score_gap = np.where(np.isfinite(top2[:, 1]), top2[:, 0] - top2[:, 1], np.inf)
-        kept_p = keep_k & (s >= lo[:, None])
-        dropped_p = keep_k & ~kept_p
-        lowest_kept = np.min(np.where(kept_p, s, np.inf), axis=1)
-        highest_dropped = np.max(np.where(dropped_p, s, -np.inf), axis=1)
-        lo_gap = np.where(p_off, np.inf, lowest_kept - highest_dropped)
-        order = np.argsort(-np.where(keep_k, s, -np.inf), axis=1, kind="stable")
-        cum = np.cumsum(np.take_along_axis(e, order, axis=1), axis=1) / z[:, None]
-        mass_gap = np.where(p_off, np.inf, np.min(np.abs(cum - tp[:, None]), axis=1))
-        min_p_gap = np.where(mp > 0, np.min(np.abs(ratio - mp[:, None]), axis=1), np.inf)
-    return tokens, match, {
-        "keep": keep, "lo": lo, "covered": covered, "score_gap": score_gap, "lo_gap": lo_gap, "mass_gap": mass_gap, "min_p_gap": min_p_gap, "s": s,
-    }

@@ -25,6 +25,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from int_emulation import ARITHMETIC, float32_integer_arithmetic, integer_nodes
+from sf_trt.graphs import noise as N
 from sf_trt.graphs import verify as V
 from sf_trt.graphs.copy_model import build_copy_graph
 from sf_trt.export.int_bounds import EXACT_LIMIT, INT_TYPES, Interval, arithmetic_findings, integer_bounds
@@ -83,7 +84,7 @@ def test_the_verify_hash_is_all_integer_arithmetic_and_its_largest_value_is_as_d
     bounds = integer_bounds(model)
     largest = max(bounds[o].hi for n in nodes for o in n.output)
     # the worst case over any vocabulary is t = A + p + p div 4096 = 4095 + 16764930 + 4093
-    # (sf_trt/graphs/verify.py); this vocabulary's token states keep it a little smaller
+    # (sf_trt/graphs/noise.py); this vocabulary's token states keep it a little smaller
     assert 16_700_000 < largest <= 16773118 < 2**24
 
 
@@ -131,8 +132,8 @@ def test_the_proven_intervals_hold_every_value_the_verify_graph_computes():
     probe, names = with_integer_outputs(model)
     feeds = verify_feeds(corner_rows(200, 1))
     # the noise keys at both ends of their declared ranges too
-    feeds[V.NOISE_ADD][:2] = [[0, 0, 0], [V.LIMB - 1] * V.ROUNDS]
-    feeds[V.NOISE_MUL][:2] = [[V.MUL_RANGE[0]] * V.ROUNDS, [V.MUL_RANGE[1]] * V.ROUNDS]
+    feeds[V.NOISE_ADD][:2] = [[0, 0, 0], [N.LIMB - 1] * N.ROUNDS]
+    feeds[V.NOISE_MUL][:2] = [[N.MUL_RANGE[0]] * N.ROUNDS, [N.MUL_RANGE[1]] * N.ROUNDS]
     values = dict(zip([o.name for o in probe.graph.output], session(probe).run(None, feeds)))
     assert len(names) >= 30
     for name in names:
@@ -163,7 +164,7 @@ def test_verify_draws_are_bit_identical_with_integer_arithmetic_in_float32(name,
     assert_same(session(model).run(None, feeds), session(rewritten).run(None, feeds), name)
     if name == "debug":  # u itself, every triple, against the numpy hash
         u = session(rewritten).run(["u"], feeds)[0][:, :VOCAB]
-        np.testing.assert_array_equal(u, V.hash_u(rows.rng_counter_base, rows.position, VOCAB))
+        np.testing.assert_array_equal(u, N.hash_u(rows.rng_counter_base, rows.position, VOCAB))
         assert u.size >= 10**5
 
 

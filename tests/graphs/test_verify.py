@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sf_trt.export.trt_support import check_graph, errors_in
 
+from sf_trt.graphs import noise as N
 from sf_trt.graphs import verify as V
+from sf_trt.graphs.reference import reference_verify_sample
 from sf_trt.primitives import SampleRows
 
 from rows import random_sample_feeds as random_feeds
@@ -117,7 +119,7 @@ def test_io_names_dims_and_dtypes():
     dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     assert list(dims) == list(V.INPUTS) and [o.name for o in model.graph.output] == list(V.OUTPUTS)
     assert dims["logits"] == [V.ROWS, 37] and all(dims[n] == [V.ROWS] for n in V.SAMPLE_FIELDS)
-    assert dims[V.NOISE_ADD] == dims[V.NOISE_MUL] == [V.ROWS, V.ROUNDS]
+    assert dims[V.NOISE_ADD] == dims[V.NOISE_MUL] == [V.ROWS, N.ROUNDS]
     types = {i.name: i.type.tensor_type.elem_type for i in list(model.graph.input) + list(model.graph.output)}
     T = onnx.TensorProto
     assert types == {
@@ -211,8 +213,8 @@ def test_the_cheaper_variants_draw_bit_for_bit_what_the_full_graph_draws_on_rows
 
 def _agreement(feeds, vocab):
     tokens, match, u, keep, lo = run(feeds, vocab)
-    ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, details=True)
-    np.testing.assert_array_equal(u[:, :vocab], V.hash_u(feeds["rng_counter_base"], feeds["position"], vocab))  # bit-exact
+    ref, ref_match, d = reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, details=True)
+    np.testing.assert_array_equal(u[:, :vocab], N.hash_u(feeds["rng_counter_base"], feeds["position"], vocab))  # bit-exact
     np.testing.assert_array_equal(ref_match, ref == feeds["draft"])
     gumbel = feeds["mode"] == V.GUMBEL
     # a row may differ only where float32 vs float64 rounding can flip it: a near-tie of
@@ -375,7 +377,7 @@ def some_rows(n: int, seed: int):
 def test_u_is_uniform_in_every_row_and_overall():
     vocab = 4096
     keys, positions = some_rows(256, 1)
-    u = V.hash_u(keys, positions, vocab)
+    u = N.hash_u(keys, positions, vocab)
     assert u.min() >= 2.0**-24 and u.max() <= 1 - 2.0**-24
     per_row = [chi2(np.bincount((row * 64).astype(int), minlength=64)) for row in u]
     assert max(per_row[:5]) < chi2_999(63), per_row[:5]  # the extreme keys and positions, each alone
@@ -385,7 +387,7 @@ def test_u_is_uniform_in_every_row_and_overall():
 
 def test_u_of_neighbouring_tokens_is_independent():
     keys, positions = some_rows(256, 2)
-    u = V.hash_u(keys, positions, 4096)
+    u = N.hash_u(keys, positions, 4096)
     left, right = u[:, :-1], u[:, 1:]
     assert pair_chi2(left, right) < chi2_999(255)
     assert abs(np.corrcoef(left.ravel(), right.ravel())[0, 1]) < 0.01  # ~10 standard errors
@@ -396,8 +398,8 @@ def test_u_of_neighbouring_positions_and_keys_is_independent(neighbour):
     keys, positions = some_rows(200, 3)
     positions = np.minimum(positions, 2**31 - 2)  # room for position + 1
     keys = np.minimum(keys, 2**63 - 2)  # room for key + 1
-    a = V.hash_u(keys, positions, 4096)
-    b = V.hash_u(keys, positions + 1, 4096) if neighbour == "position" else V.hash_u(keys + 1, positions, 4096)
+    a = N.hash_u(keys, positions, 4096)
+    b = N.hash_u(keys, positions + 1, 4096) if neighbour == "position" else N.hash_u(keys + 1, positions, 4096)
     assert pair_chi2(a, b) < chi2_999(255)
     assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.01
 
@@ -405,11 +407,11 @@ def test_u_of_neighbouring_positions_and_keys_is_independent(neighbour):
 def test_every_token_wins_the_argmax_equally_often():
     """Gumbel-max needs the tokens' noise jointly independent within a row: with equal
     logits every token must win equally often, over a lane's consecutive positions."""
-    u = V.hash_u(np.full(20000, 12345), np.arange(20000), 64)
+    u = N.hash_u(np.full(20000, 12345), np.arange(20000), 64)
     assert chi2(np.bincount(u.argmax(axis=1), minlength=64)) < chi2_999(63)
     assert chi2(np.bincount(u[:, :8].argmax(axis=1), minlength=8)) < chi2_999(7)  # neighbouring ids
-    h = np.rint(u[:, 0] * 2**V.U_BITS - 0.5).astype(np.int64)  # each bit of one token's h is a fair coin
-    bits = np.stack([(h >> j) & 1 for j in range(V.U_BITS)]).mean(axis=1)
+    h = np.rint(u[:, 0] * 2**N.U_BITS - 0.5).astype(np.int64)  # each bit of one token's h is a fair coin
+    bits = np.stack([(h >> j) & 1 for j in range(N.U_BITS)]).mean(axis=1)
     assert np.abs(bits - 0.5).max() < 4 * 0.5 / np.sqrt(h.size), bits
 
 
@@ -422,13 +424,13 @@ def test_the_three_forms_of_the_hash_agree():
     feeds = gumbel_rows(k.size, vocab, np.zeros(vocab))
     feeds["rng_counter_base"], feeds["position"] = k, p
     u = run(feeds, vocab)[2][:, :vocab]
-    np.testing.assert_array_equal(u, V.hash_u(k, p, vocab))
+    np.testing.assert_array_equal(u, N.hash_u(k, p, vocab))
     for r in range(k.size):
         for tok in (0, 1, vocab - 1):
-            assert u[r, tok] == (V.hash_bits(int(k[r]), int(p[r]), tok) + 0.5) * 2.0**-V.U_BITS
+            assert u[r, tok] == (N.hash_bits(int(k[r]), int(p[r]), tok) + 0.5) * 2.0**-N.U_BITS
     assert len({row.tobytes() for row in u}) == k.size  # every (key, position) draws its own noise
     # keys that agree in their low 30 or 60 bits, or differ only in the top bit, still differ
-    u = V.hash_u(np.array([5, 5 + 2**30, 5 + 2**60, 5 + 2**62]), np.zeros(4, np.int64), 64)
+    u = N.hash_u(np.array([5, 5 + 2**30, 5 + 2**60, 5 + 2**62]), np.zeros(4, np.int64), 64)
     assert len({row.tobytes() for row in u}) == 4
 
 
@@ -436,15 +438,15 @@ def test_noise_keys_stay_in_the_ranges_the_graph_declares():
     from sf_trt.graphs.ranges import declared_ranges
 
     keys, positions = some_rows(4096, 4)
-    add, mul = V.noise_keys(keys, positions)
-    assert add.dtype == mul.dtype == np.int32 and add.shape == mul.shape == (4096, V.ROUNDS)
+    add, mul = N.noise_keys(keys, positions)
+    assert add.dtype == mul.dtype == np.int32 and add.shape == mul.shape == (4096, N.ROUNDS)
     inputs, _ = declared_ranges(V.build_verify_graph(37, TOPK_LIMIT))
-    assert inputs == {V.NOISE_ADD: (0, V.LIMB - 1), V.NOISE_MUL: V.MUL_RANGE}
-    assert 0 <= add.min() and add.max() <= V.LIMB - 1 and np.unique(add).size > 0.9 * V.LIMB  # 12288 draws
-    assert mul.min() == V.MUL_RANGE[0] and mul.max() == V.MUL_RANGE[1] and (mul % 2 == 1).all()
+    assert inputs == {V.NOISE_ADD: (0, N.LIMB - 1), V.NOISE_MUL: N.MUL_RANGE}
+    assert 0 <= add.min() and add.max() <= N.LIMB - 1 and np.unique(add).size > 0.9 * N.LIMB  # 12288 draws
+    assert mul.min() == N.MUL_RANGE[0] and mul.max() == N.MUL_RANGE[1] and (mul % 2 == 1).all()
     # the token states are distinct (a bijection of [0, 2**24), checked here on 2**20 ids)
-    a, b = V.token_states(2**20)
-    assert np.unique(a.astype(np.int64) * V.LIMB + b).size == 2**20
+    a, b = N.token_states(2**20)
+    assert np.unique(a.astype(np.int64) * N.LIMB + b).size == 2**20
 
 
 @fast
@@ -485,15 +487,15 @@ def test_optimization_level_and_threads_change_no_bit():
 def test_noise_keys_are_the_same_for_few_rows_and_for_many():
     """Up to a few rows they are hashed in Python ints, beyond in numpy: the same keys."""
     keys, positions = some_rows(64, 5)
-    add, mul = V.noise_keys(keys, positions)
+    add, mul = N.noise_keys(keys, positions)
     for r in range(0, 64, 3):
         for n in (1, 2, 4):
-            few = V.noise_keys(keys[r : r + n], positions[r : r + n])
+            few = N.noise_keys(keys[r : r + n], positions[r : r + n])
             np.testing.assert_array_equal(few[0], add[r : r + n])
             np.testing.assert_array_equal(few[1], mul[r : r + n])
             assert few[0].dtype == few[1].dtype == np.int32
-    empty = V.noise_keys(np.zeros(0, np.int64), np.zeros(0, np.int64))
-    assert empty[0].shape == empty[1].shape == (0, V.ROUNDS)
+    empty = N.noise_keys(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert empty[0].shape == empty[1].shape == (0, N.ROUNDS)
 
 
 # -- the nucleus path (top-p over the largest `candidates` tokens, the bisection as fallback) ---
@@ -538,7 +540,7 @@ def _covered_and_uncovered(seed: int, vocab: int, candidates: int, rows: int = 2
 def test_both_paths_equal_the_numpy_reference_on_covered_and_uncovered_rows(vocab, candidates):
     feeds = _covered_and_uncovered(vocab * 100 + candidates, vocab, candidates)
     tokens, match, u, keep, lo = run(feeds, vocab, candidates=candidates)
-    ref, ref_match, d = V.reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, candidates=candidates, details=True)
+    ref, ref_match, d = reference_verify_sample(**feeds, top_k_limit=TOPK_LIMIT, candidates=candidates, details=True)
     n_tokens, n_match, covered = nucleus(feeds, vocab, candidates)
     gumbel = feeds["mode"] == V.GUMBEL
     fragile = gumbel & ((d["score_gap"] < 1e-4) | (d["mass_gap"] < 1e-4) | (d["lo_gap"] < 1e-4) | (d["min_p_gap"] < 1e-5))

@@ -1,4 +1,4 @@
-"""The routes (sf_trt/serve/app.py) through a real uvicorn, with the official openai client
+"""The routes (sf_trt/serve/) through a real uvicorn, with the official openai client
 and httpx: responses, streams, fields, errors, metrics, disconnects, backpressure."""
 
 from __future__ import annotations

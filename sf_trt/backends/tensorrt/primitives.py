@@ -35,7 +35,8 @@ import numpy as np
 
 from ...formats.manifest import ManifestError, check_engine_file, check_manifest, read_manifest
 from ...formats.shapes import ShapeLimits, derive_profiles
-from ...graphs.verify import GREEDY, MUL_RANGE, NOISE_MUL, sample_feeds
+from ...graphs.noise import MUL_RANGE
+from ...graphs.verify import GREEDY, NOISE_MUL, sample_feeds
 from ...graphs.verify import LOGITS as VERIFY_LOGITS
 from ...graphs.verify import MATCH as VERIFY_MATCH
 from ...graphs.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS

@@ -1,0 +1,227 @@
+"""A request's job: one HTTP request's prompts, checked and turned into engine
+requests (one per choice), submitted, followed and aborted.
+
+A body is checked here, before anything is queued: the model, unsupported fields,
+stop strings, prompts that do not fit the context (``PROMPT_TOO_LONG``), sampling
+parameters, and every choice's request against the engine (``engine.check``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import secrets
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from ..abi import Sampling, SamplingFlag, SamplingParams, Status, StatusError
+from ..drafting import DEFAULT_SCOPE
+from ..engine_loop import NotServing, Output, Overloaded, RequestStream
+from ..scheduler import DEFAULT_DRAFTER, Request, choice_key
+from ..tokenizer import TokenizerError
+from .errors import ApiError, refusal
+from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .state import ServerState
+
+__all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output"]
+
+
+@dataclasses.dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    request: Request
+    stream: Optional[RequestStream] = None
+    tokens: list = dataclasses.field(default_factory=list)
+    text: str = ""
+    logprobs: list = dataclasses.field(default_factory=list)
+    last: Optional[Output] = None
+
+
+@dataclasses.dataclass
+class Job:
+    """One HTTP request: its prompts and the engine requests of its choices."""
+
+    kind: str  # "chat" | "completion"
+    id: str
+    body: Any
+    prompts: list[list[int]]
+    prompt_texts: list[str]
+    choices: list[Choice]
+    seed: int
+    logprobs: Optional[int]
+    return_token_ids: bool
+
+    @staticmethod
+    def completion(state: ServerState, body: CompletionRequest) -> "Job":
+        engine = state.ready_engine()
+        _check_common(state, body)
+        if body.echo and body.logprobs is not None:
+            raise ApiError(400, "BadRequestError", "echo with logprobs is not supported (prompt logprobs)", "echo")
+        prompts, texts = [], []
+        for p in body.prompts():
+            ids = _encode(state, p, "prompt") if isinstance(p, str) else list(p)
+            prompts.append(ids)
+            if isinstance(p, str) or not body.echo:
+                texts.append(p if isinstance(p, str) else "")
+                continue
+            try:
+                texts.append(state.tokenizer.decode(ids))
+            except TokenizerError as exc:
+                raise ApiError(400, Status.TOKEN_OUT_OF_VOCAB.name, f"prompt: {exc}", "prompt") from None
+        if not prompts:
+            raise ApiError(400, "BadRequestError", "prompt: no prompt given", "prompt")
+        return Job._build(state, engine, "completion", "cmpl", body, prompts, texts, body.logprobs, body.max_tokens)
+
+    @staticmethod
+    def chat(state: ServerState, body: ChatCompletionRequest) -> "Job":
+        engine = state.ready_engine()
+        _check_common(state, body)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:  # contents stay text: a message cannot forge a control token (a role turn)
+            ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        except TokenizerError as exc:
+            raise ApiError(400, "BadRequestError", str(exc), "messages") from None
+        k = (body.top_logprobs or 0) if body.logprobs else None
+        # chat has no echo: its prompt text is never sent back
+        return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens)
+
+    @staticmethod
+    def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens) -> "Job":
+        opts = body.sf_trt
+        speculate = (opts.speculate if opts and opts.speculate else None) or state.default_speculate
+        max_draft = (opts.max_draft if opts and opts.max_draft else None) or state.default_max_draft
+        flags = SamplingFlag.IGNORE_EOS if opts and opts.ignore_eos else SamplingFlag(0)
+        temperature = 1.0 if body.temperature is None else body.temperature
+        mode = Sampling.GPU_GREEDY if temperature == 0 else Sampling.GPU_GUMBEL
+        seed = body.seed if body.seed is not None else secrets.randbits(63)
+        choices = []
+        for p, ids in enumerate(prompts):
+            mt = _max_tokens(state, ids, max_tokens, "max_completion_tokens" if kind == "chat" and body.max_completion_tokens else "max_tokens")
+            try:
+                params = SamplingParams(
+                    temperature=temperature if mode == Sampling.GPU_GUMBEL else 1.0, top_p=1.0 if body.top_p is None else body.top_p,
+                    top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0, max_tokens=mt, flags=flags,
+                )
+            except StatusError as exc:
+                raise refusal(exc) from None
+            for i in range(body.n):
+                index = p * body.n + i
+                choices.append(Choice(index, p, Request(
+                    ids, mode, params, seed=choice_key(seed, index), speculate=speculate != "none",
+                    drafter=speculate if speculate != "none" else DEFAULT_DRAFTER, max_draft=max_draft,
+                    stop=body.stops(), stop_token_ids=tuple(body.stop_token_ids or ()), logprobs=logprobs,
+                    draft_scope=draft_scope(body.user),
+                )))
+        for c in choices:
+            try:
+                engine.check(c.request)
+            except StatusError as exc:
+                raise refusal(exc) from None
+        return Job(kind, f"{prefix}-{uuid.uuid4().hex}", body, prompts, texts, choices, seed, logprobs,
+                    bool(opts and opts.return_token_ids))
+
+    @property
+    def created(self) -> int:
+        return int(time.time())
+
+
+def _check_common(state: ServerState, body: SamplingFields) -> None:
+    if body.model is not None and body.model != state.model_name:
+        raise ApiError(404, "NotFoundError", f"the model {body.model!r} does not exist (served: {state.model_name!r})", "model")
+    bad = body.unsupported()
+    if bad:
+        raise ApiError(400, "BadRequestError", f"unsupported field(s): {', '.join(bad)} (sf_trt cannot honour them yet)", bad[0])
+    if any(not s for s in body.stops()):
+        raise ApiError(400, "BadRequestError", "stop: stop strings must not be empty", "stop")
+
+
+def draft_scope(user: Optional[str]) -> str:
+    """The suffix drafter's corpus a request drafts from and joins: one per ``user``
+    (requests that name none share the default one). Drafts never change a token,
+    so scopes are about privacy and relevance, not output."""
+    return DEFAULT_SCOPE if not user else "user:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _encode(state: ServerState, text: str, param: str) -> list[int]:
+    try:
+        return state.tokenizer.encode(text)
+    except TokenizerError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), param) from None
+
+
+def _max_tokens(state: ServerState, ids: list[int], asked: Optional[int], param: str) -> int:
+    """The output budget: what was asked, or what the context leaves; a 400 if it does not fit."""
+    room = state.max_context - len(ids)
+    if room < 1 or (asked is not None and asked > room):
+        want = f"{len(ids) + asked} tokens ({len(ids)} in the prompt, {asked} in the completion)" if asked else f"{len(ids)} tokens in the prompt"
+        raise ApiError(
+            400, Status.PROMPT_TOO_LONG.name,
+            f"this model's context is {state.max_context} tokens; the request needs {want}. "
+            f"Shorten the prompt or lower {param} (at most {max(0, room)} fit)", param if room >= 1 else "prompt",
+        )
+    return asked if asked is not None else room
+
+
+def submit_job(state: ServerState, job: Job) -> None:
+    engine = state.ready_engine()
+    try:
+        for c in job.choices:
+            c.stream = engine.submit(c.request, request_id=f"{job.id}-{c.index}")
+    except (StatusError, Overloaded, NotServing) as exc:
+        abort_job(state, job)
+        raise refusal(exc) from None
+
+
+def abort_job(state: ServerState, job: Job) -> bool:
+    """Abort every unfinished choice; True if any was still running."""
+    live = False
+    for c in job.choices:
+        if c.stream is not None and not c.stream.finished and state.engine is not None:
+            live |= state.engine.abort(c.stream.request_id)
+    return live
+
+
+async def job_outputs(job: Job) -> AsyncIterator[tuple[Choice, Output]]:
+    """Every choice's outputs as they come."""
+    if len(job.choices) == 1:
+        c = job.choices[0]
+        async for out in c.stream:
+            yield c, out
+        return
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(c: Choice) -> None:
+        async for out in c.stream:
+            await merged.put((c, out))
+
+    tasks = [asyncio.create_task(pump(c)) for c in job.choices]
+    try:
+        for _ in range(len(job.choices)):
+            while True:
+                c, out = await merged.get()
+                yield c, out
+                if out.finished:
+                    break
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def collect_job(job: Job) -> None:
+    async with contextlib.aclosing(job_outputs(job)) as outputs:
+        async for c, out in outputs:
+            take_output(c, out)
+
+
+def take_output(c: Choice, out: Output) -> None:
+    c.tokens += out.tokens
+    c.text += out.text or ""
+    if out.logprobs is not None and len(out.logprobs):
+        c.logprobs.append(out.logprobs)
+    c.last = out

@@ -1,0 +1,152 @@
+"""Responses in OpenAI's shapes: the JSON body of a finished job, and the SSE body
+of a streamed one (chunks as outputs come, the usage chunk if asked, ``[DONE]``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, AsyncIterator, Optional
+
+from .. import __version__
+from ..engine import TokenLogprobs
+from .errors import choice_failure
+from .jobs import Choice, Job, abort_job, job_outputs, take_output
+from .metrics import finish_reason
+from .state import ServerState
+
+__all__ = ["json_body", "sse_body"]
+
+
+def _usage(job: Job) -> dict:
+    completion = sum(c.last.completion_tokens for c in job.choices if c.last is not None)
+    prompt = sum(len(p) for p in job.prompts)
+    spec = {
+        "num_drafts": sum(c.last.drafts for c in job.choices if c.last),
+        "num_draft_tokens": sum(c.last.proposed for c in job.choices if c.last),
+        "num_accepted_tokens": sum(c.last.accepted for c in job.choices if c.last),
+    }
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "sf_trt": spec}
+
+
+def _token_str(tok: Any, token: int) -> str:
+    return tok.token_bytes(token).decode("utf-8", errors="replace")
+
+
+def _chat_logprobs(tok: Any, tokens: list[int], lp: Optional[TokenLogprobs]) -> Optional[dict]:
+    if lp is None:
+        return None
+    content = []
+    for j, t in enumerate(tokens):
+        top = [{"token": _token_str(tok, int(i)), "logprob": float(v), "bytes": list(tok.token_bytes(int(i)))}
+               for i, v in zip(lp.top_ids[j], lp.top_logprobs[j])]
+        content.append({"token": _token_str(tok, t), "logprob": float(lp.logprob[j]), "bytes": list(tok.token_bytes(t)), "top_logprobs": top})
+    return {"content": content}
+
+
+def _completion_logprobs(tok: Any, tokens: list[int], lp: Optional[TokenLogprobs], offset: int) -> Optional[dict]:
+    if lp is None:
+        return None
+    strs = [_token_str(tok, t) for t in tokens]
+    offsets = []
+    for s in strs:
+        offsets.append(offset)
+        offset += len(s)
+    top = [{_token_str(tok, int(i)): float(v) for i, v in zip(lp.top_ids[j], lp.top_logprobs[j])} for j in range(len(tokens))]
+    return {"tokens": strs, "token_logprobs": [float(x) for x in lp.logprob], "top_logprobs": top, "text_offset": offsets}
+
+
+def _lp(c: Choice, k: Optional[int]) -> Optional[TokenLogprobs]:
+    return None if k is None else TokenLogprobs.concat(c.logprobs, k)
+
+
+def json_body(state: ServerState, job: Job) -> dict:
+    tok = state.tokenizer
+    choices = []
+    for c in job.choices:
+        out = c.last
+        item: dict[str, Any] = {"index": c.index}
+        if job.kind == "chat":
+            item["message"] = {"role": "assistant", "content": c.text}
+            item["logprobs"] = _chat_logprobs(tok, c.tokens, _lp(c, job.logprobs))
+        else:
+            echo = job.prompt_texts[c.prompt_index] if job.body.echo else ""
+            item["text"] = echo + c.text
+            item["logprobs"] = _completion_logprobs(tok, c.tokens, _lp(c, job.logprobs), len(echo))
+        item["finish_reason"] = finish_reason(out.finish, out.error)
+        item["stop_reason"] = out.stop_reason
+        if job.return_token_ids:
+            item["token_ids"] = c.tokens
+        choices.append(item)
+    return {
+        "id": job.id, "object": "chat.completion" if job.kind == "chat" else "text_completion", "created": job.created,
+        "model": state.model_name, "choices": choices, "usage": _usage(job), "system_fingerprint": f"sf_trt-{__version__}",
+        "sf_trt": {"seed": job.seed},
+    }
+
+
+def _sse_data(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
+    """The SSE body: chunks as outputs come, the usage chunk if asked, then ``[DONE]``;
+    a failed choice ends the stream with an ``error`` event. A client that goes away
+    cancels this generator, which aborts the choices still running."""
+    tok = state.tokenizer
+    chat = job.kind == "chat"
+    include_usage = bool(job.body.stream_options and job.body.stream_options.include_usage)
+    base = {"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion", "created": job.created,
+            "model": state.model_name, "system_fingerprint": f"sf_trt-{__version__}", "sf_trt": {"seed": job.seed}}
+    if include_usage:
+        base["usage"] = None
+
+    def chunk(item: dict) -> str:
+        return _sse_data({**base, "choices": [item]})
+
+    finished = False
+    outputs = None
+    offsets = {c.index: 0 for c in job.choices}
+    try:
+        for c in job.choices:
+            if chat:
+                yield chunk({"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
+            elif job.body.echo:
+                echo = job.prompt_texts[c.prompt_index]
+                offsets[c.index] = len(echo)
+                yield chunk({"index": c.index, "text": echo, "logprobs": None, "finish_reason": None})
+        outputs = job_outputs(job)
+        async for c, out in outputs:
+            take_output(c, out)
+            if out.error is not None:
+                abort_job(state, job)
+                yield f"event: error\n{_sse_data(choice_failure(c.index, out.error).body())}"
+                yield "data: [DONE]\n\n"
+                finished = True
+                return
+            lp = out.logprobs if job.logprobs is not None else None
+            if out.text or (out.tokens and (lp is not None or job.return_token_ids)):
+                if chat:
+                    item = {"index": c.index, "delta": {"content": out.text or ""}, "logprobs": _chat_logprobs(tok, out.tokens, lp), "finish_reason": None}
+                else:
+                    item = {"index": c.index, "text": out.text or "", "finish_reason": None,
+                            "logprobs": _completion_logprobs(tok, out.tokens, lp, offsets[c.index])}
+                    offsets[c.index] += sum(len(_token_str(tok, t)) for t in out.tokens)
+                if job.return_token_ids:
+                    item["token_ids"] = out.tokens
+                yield chunk(item)
+            if out.finished:
+                end = {"index": c.index, "finish_reason": finish_reason(out.finish, out.error), "stop_reason": out.stop_reason, "logprobs": None}
+                end.update({"delta": {}} if chat else {"text": ""})
+                if job.return_token_ids:
+                    end["token_ids"] = []
+                yield chunk(end)
+        if include_usage:
+            yield _sse_data({**base, "choices": [], "usage": _usage(job)})
+        yield "data: [DONE]\n\n"
+        finished = True
+    finally:
+        if not finished and abort_job(state, job):  # first: nothing below may be awaited once cancelled
+            state.metrics.client_disconnected()
+        if outputs is not None:
+            with contextlib.suppress(BaseException):
+                await outputs.aclose()
