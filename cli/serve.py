@@ -24,6 +24,7 @@ __all__ = ["add_serve_parsers", "run_serve", "FAKE_BACKEND"]
 
 def add_serve_parsers(sub: Any) -> None:
     """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
+    from sf_trt.prefix_cache import DEFAULT_PREFIX_CACHE_MB
     from sf_trt.scheduler import DRAFTERS, LoadAwareDrafting
 
     speculate_choices = ("none", *DRAFTERS)
@@ -67,6 +68,10 @@ def add_serve_parsers(sub: Any) -> None:
                    f"costs at the batch size, send none (default {policy.min_acceptance})")
     s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
                    help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
+    s.add_argument("--prefix-cache-mb", type=ranged(int, 0, what="MiB >= 0"), default=DEFAULT_PREFIX_CACHE_MB,
+                   help="MiB of model state kept for prompt prefixes of earlier and running requests, per `user` (exact: a "
+                   "request that starts from a cached prefix emits what it would without it; least recently used out "
+                   f"first; 0: off; backends that cannot hold it, TensorRT, run without; default {DEFAULT_PREFIX_CACHE_MB})")
     add_model_flags(p)
     add_ray_flags(p)
     backend = next(a for a in p._actions if a.dest == "backend")

@@ -4,10 +4,13 @@ state, and the engine loop over them."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .flags import DEFAULT_CONTEXT
 from .launch import open_backend, resolve
+
+log = logging.getLogger("sf_trt.serve")
 
 __all__ = ["FAKE_BACKEND", "server_state", "open_served", "served_model_name"]
 
@@ -53,6 +56,7 @@ def server_state(args, *, max_queued: int | None = None, const_labels: dict[str,
     ``const_labels``: labels on every metric, e.g. the Ray replica's)."""
     from sf_trt.drafting import PromptLookupConfig
     from sf_trt.engine_loop import EngineLoop, LoopConfig
+    from sf_trt.executor import ExecutorConfig
     from sf_trt.scheduler import LoadAwareDrafting
     from sf_trt.serve.metrics import ServerMetrics
     from sf_trt.serve.state import ServerState
@@ -67,10 +71,15 @@ def server_state(args, *, max_queued: int | None = None, const_labels: dict[str,
         prims, tokenizer, max_context = open_served(args)
         if args.speculate != "none" and not (prims.capabilities.verify_rows and prims.capabilities.truncate_partial):
             state.default_speculate = "none"
+        prefix_cache_mb = args.prefix_cache_mb
+        if prefix_cache_mb and not prims.capabilities.state_bytes_per_token:
+            log.warning("no prefix cache: %s cannot save or load its state (--prefix-cache-mb %d ignored)", type(prims).__name__, prefix_cache_mb)
+            prefix_cache_mb = 0
         config = LoopConfig(
             max_queued=args.max_queued_requests if max_queued is None else max_queued, tick_tokens=args.tick_tokens,
             prefill_budget=args.prefill_budget, draft_config=PromptLookupConfig(max_draft=args.max_draft),
             policy=LoadAwareDrafting(row_budget=args.spec_row_budget, row_cost=args.spec_row_cost, min_acceptance=args.spec_min_acceptance),
+            executor=ExecutorConfig(prefix_cache_mb=prefix_cache_mb),
         )
         return EngineLoop(prims, tokenizer=tokenizer, config=config, observer=state.metrics), tokenizer, max_context
 

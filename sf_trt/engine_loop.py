@@ -94,6 +94,8 @@ class Output:
     arrival: float
     first_token_at: Optional[float]
     finished_at: Optional[float]
+    cached_tokens: Optional[int] = None
+    """Prompt tokens taken from the prefix cache, not prefilled (None: the engine keeps no prefix cache)."""
 
     @property
     def finished(self) -> bool:
@@ -105,6 +107,7 @@ class Output:
         return Output(
             list(update.tokens), update.text, update.logprobs, s.finish if update.finished else Finish.NONE, s.stop_reason,
             s.error, s.prompt_len, len(s.tokens), s.proposed, s.accepted, s.drafts, s.arrival, s.first_token_at, s.finished_at,
+            s.cached_len,
         )
 
 

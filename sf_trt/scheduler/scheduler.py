@@ -159,8 +159,11 @@ class Scheduler:
         while self.waiting and len(self.running) < room:
             seq = self.waiting.popleft()
             r = seq.request
+            # start from the longest prefix the cache holds for the request's scope; prefill the rest
+            if self.executor.prefix_cache is not None:
+                seq.cached_len = seq.prefilled_len = self.executor.cached_prefix(seq.prompt_id, r.draft_scope)
             plan.admit(seq.seq_id, seq.prompt_id, strategy_slot=self._slot(r), sampling=r.sampling, params=r.params,
-                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope)
+                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope, cached_len=seq.prefilled_len)
             seq.admitted, seq.admitted_at = True, now
             self.running[seq.seq_id] = seq
         budget = self.prefill_budget

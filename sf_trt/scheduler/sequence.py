@@ -48,6 +48,9 @@ class Sequence:
         self.prompt_len = prompt_len
         self.prompt_id = 0  # the executor's, while registered
         self.prefilled_len = 0
+        self.cached_len: Optional[int] = None
+        """Prompt positions taken from the prefix cache at admission, not prefilled (None:
+        the executor keeps no prefix cache)."""
         self.admitted = False
         self.tokens: list[int] = []
         self.finish = Finish.NONE
