@@ -1,0 +1,225 @@
+"""Time to first token per turn of a growing conversation, with the prefix cache on and off.
+
+Two workloads, each a conversation whose every turn sends the whole conversation again:
+
+* chat: a system prompt, then turns of a user message and the assistant's reply, the
+  context growing to about ``--context`` tokens at the last turn;
+* agent: a task, then steps of the model's (tool-call-like) reply and a tool-like
+  observation (JSON lines, listings), growing the same way.
+
+For each setting (``--prefix-cache-mb`` and 0, the cache off) the script starts `sf-trt
+serve` (``--max-num-seqs --concurrency``), runs one chat and one agent conversation
+alone, then ``--concurrency`` conversations at once (half chat, half agent, each its own
+``user``), streaming every turn and timing its first token. Greedy, so the answers must
+be the same with the cache on and off, and are checked to be. Prints a table of the
+median time to first token per turn, the throughput under the mixed load, and the
+server's peak RSS (VmHWM), and writes the numbers as JSON.
+
+    python tools/bench_prefix_cache.py --context 4096 --turns 8 --concurrency 8 --json bench_prefix_cache.json
+
+The machine may be shared: read the ratios measured in one run, not the absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_serve import start_server, stop_server  # noqa: E402
+
+WORDS = (
+    "the model reads a file and writes a short answer about what changed in the project since last week while "
+    "tests run on two cores and the server keeps every lane busy with prompts from users who ask about trains "
+    "rivers maps recipes budgets invoices weather reports and small programs that sort lists parse dates or "
+    "count words in long documents before they summarise the result for a team meeting on monday"
+).split()
+
+
+def text(rng: random.Random, words: int) -> str:
+    out = []
+    for i in range(words):
+        w = rng.choice(WORDS)
+        out.append(w.capitalize() if i % 12 == 0 else w)
+        if i % 12 == 11:
+            out[-1] += "."
+    return " ".join(out)
+
+
+def observation(rng: random.Random, words: int) -> str:
+    lines = []
+    while sum(len(line.split()) for line in lines) < words:
+        name = f"{rng.choice(WORDS)}_{rng.randrange(1000)}.py"
+        lines.append(json.dumps({"path": f"src/{rng.choice(WORDS)}/{name}", "lines": rng.randrange(10, 900), "summary": text(rng, 8)}))
+    return "Observation from list_files():\n" + "\n".join(lines)
+
+
+class Conversation:
+    """One conversation's messages; ``next_turn()`` adds the next user message or observation."""
+
+    def __init__(self, kind: str, seed: int, turn_words: int, user: str) -> None:
+        self.kind, self.user, self.turn_words = kind, user, turn_words
+        self.rng = random.Random(seed)
+        system = ("You are a careful assistant. Answer briefly." if kind == "chat" else
+                  "You are an agent. Call one tool per step as list_files(), read(path) or done(answer); reply with the call only.")
+        self.messages = [{"role": "system", "content": system}]
+
+    def next_turn(self) -> None:
+        if self.kind == "chat":
+            content = "Here is more context. " + text(self.rng, self.turn_words) + " What is the main point?"
+        else:
+            content = observation(self.rng, self.turn_words)
+        self.messages.append({"role": "user", "content": content})
+
+
+async def turn(client: httpx.AsyncClient, url: str, conv: Conversation, max_tokens: int) -> dict:
+    """Stream one turn; its time to first token, prompt tokens, cached tokens and reply."""
+    body = {"messages": conv.messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "user": conv.user}
+    t0 = time.perf_counter()
+    ttft, reply, usage = None, [], None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"the server answered {r.status_code}: {await r.aread()}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    reply.append(piece)
+    conv.messages.append({"role": "assistant", "content": "".join(reply)})
+    return {"ttft_s": ttft if ttft is not None else time.perf_counter() - t0, "prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"], "completion_tokens": usage["completion_tokens"],
+            "reply": "".join(reply)}
+
+
+async def run_conversation(client, url, conv: Conversation, turns: int, max_tokens: int) -> list[dict]:
+    out = []
+    for _ in range(turns):
+        conv.next_turn()
+        out.append(await turn(client, url, conv, max_tokens))
+    return out
+
+
+async def workload(url: str, args, concurrent: bool) -> dict:
+    """Alone: one chat conversation, then one agent conversation. Concurrent: ``--concurrency``
+    conversations at once, half of each kind."""
+    kinds = ["chat", "agent"] * (args.concurrency // 2) + ["chat"] * (args.concurrency % 2) if concurrent else ["chat", "agent"]
+    first = 100 if concurrent else 0  # conversations of their own: nothing cached from the run alone
+    convs = [Conversation(kind, seed=first + i, turn_words=args.turn_words, user=f"user-{first + i}") for i, kind in enumerate(kinds)]
+    async with httpx.AsyncClient(timeout=3600) as client:
+        t0 = time.perf_counter()
+        if concurrent:
+            results = await asyncio.gather(*(run_conversation(client, url, c, args.turns, args.max_tokens) for c in convs))
+        else:
+            results = [await run_conversation(client, url, c, args.turns, args.max_tokens) for c in convs]
+        wall = time.perf_counter() - t0
+    output = sum(t["completion_tokens"] for r in results for t in r)
+    return {"kinds": kinds, "turns": results, "wall_s": wall, "output_tokens": output, "output_tok_s": output / wall}
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def tokens_per_word(url: str) -> float:
+    """The served tokenizer's tokens per word of a turn's text and of an observation (the larger), from usage."""
+    rng, ratios = random.Random(99), []
+    for content in (text(rng, 100), observation(rng, 100)):
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1, "user": "calibration"}
+        usage = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600).json()["usage"]
+        ratios.append(usage["prompt_tokens"] / len(content.split()))
+    return max(ratios)
+
+
+def run_setting(args, cache_mb: int) -> dict:
+    flags = ["--prefix-cache-mb", str(cache_mb), "--speculate", args.speculate, *args.serve_flag]
+    proc, url = start_server(args.concurrency, args.context + args.max_tokens + 256, flags)
+    try:
+        per_word = tokens_per_word(url)  # and a warm-up
+        if args.turn_words is None:  # sized once, on the first server
+            budget = args.context - 96 - args.turns * (args.max_tokens + 16)  # the template's tokens per turn, about
+            args.turn_words = max(8, int(budget / args.turns / per_word))
+        alone = asyncio.run(workload(url, args, concurrent=False))
+        loaded = asyncio.run(workload(url, args, concurrent=True))
+        rss = peak_rss_mb(proc.pid)
+    finally:
+        stop_server(proc)
+    return {"prefix_cache_mb": cache_mb, "alone": alone, "concurrent": loaded, "peak_rss_mb": rss}
+
+
+def per_turn(result: dict, kind: str, key: str) -> list[float]:
+    """The median of ``key`` at each turn over the conversations of ``kind``."""
+    rows = [r for k, r in zip(result["kinds"], result["turns"]) if k == kind]
+    return [statistics.median(r[i][key] for r in rows) for i in range(len(rows[0]))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--context", type=int, default=4096, help="about how long the conversation is at its last turn (tokens)")
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=8, help="conversations at once in the loaded run (and the server's lanes)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="reply tokens per turn")
+    ap.add_argument("--prefix-cache-mb", type=int, default=1024, help="the cache's budget in the run with it on")
+    ap.add_argument("--speculate", default="prompt-lookup")
+    ap.add_argument("--serve-flag", action="append", default=[], help="an extra flag for `sf-trt serve` (repeatable)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    args.turn_words = None
+    load = [os.getloadavg()[0]]
+    runs = {}
+    for name, mb in (("on", args.prefix_cache_mb), ("off", 0)):
+        runs[name] = run_setting(args, mb)
+        print(f"cache {name}: done", file=sys.stderr, flush=True)
+    load.append(os.getloadavg()[0])
+    for phase in ("alone", "concurrent"):  # greedy: the cache must change no answer
+        on = [[t["reply"] for t in r] for r in runs["on"][phase]["turns"]]
+        off = [[t["reply"] for t in r] for r in runs["off"][phase]["turns"]]
+        if on != off:
+            raise SystemExit(f"{phase}: the answers differ with the cache on and off")
+
+    print(f"load average {load[0]:.2f} before, {load[1]:.2f} after; answers identical with the cache on and off")
+    summary = {}
+    for phase in ("alone", "concurrent"):
+        for kind in ("chat", "agent"):
+            prompt = per_turn(runs["on"][phase], kind, "prompt_tokens")
+            cached = per_turn(runs["on"][phase], kind, "cached_tokens")
+            ttft_on = per_turn(runs["on"][phase], kind, "ttft_s")
+            ttft_off = per_turn(runs["off"][phase], kind, "ttft_s")
+            summary[f"{phase}/{kind}"] = {"prompt_tokens": prompt, "cached_tokens": cached, "ttft_on_s": ttft_on, "ttft_off_s": ttft_off,
+                                          "last_over_first_on": ttft_on[-1] / ttft_on[0], "last_over_first_off": ttft_off[-1] / ttft_off[0]}
+            print(f"\n{phase}, {kind} (median over {sum(1 for k in runs['on'][phase]['kinds'] if k == kind)} conversations)")
+            print("| turn | prompt tokens | cached | TTFT on (s) | TTFT off (s) | off / on |\n|---|---|---|---|---|---|")
+            for i in range(args.turns):
+                print(f"| {i + 1} | {prompt[i]:.0f} | {cached[i]:.0f} | {ttft_on[i]:.2f} | {ttft_off[i]:.2f} | {ttft_off[i] / ttft_on[i]:.2f} |")
+            print(f"last turn / first turn: {ttft_on[-1] / ttft_on[0]:.2f} on, {ttft_off[-1] / ttft_off[0]:.2f} off")
+    print("\n| cache | mixed load: output tok/s | wall (s) | peak RSS (MiB) |\n|---|---|---|---|")
+    for name, r in runs.items():
+        print(f"| {name} ({r['prefix_cache_mb']} MiB) | {r['concurrent']['output_tok_s']:.2f} | {r['concurrent']['wall_s']:.1f} | {r['peak_rss_mb']:.0f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                                         "load": load, "summary": summary, "runs": runs}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
