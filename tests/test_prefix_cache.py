@@ -224,3 +224,32 @@ def test_random_schedules_emit_the_same_with_the_cache_on(case):
     want = run_lanes(fake, lanes)
     event(f"lanes starting from a cached prefix: {sum(1 for c in cached.values() if c)}")
     assert [(r.tokens, r.finish) for r in got] == [(r.tokens, r.finish) for r in want]
+
+
+def test_the_scheduler_starts_requests_from_the_cache_and_they_emit_the_same():
+    """Through the scheduler: a second turn, and a request that arrives while another is still
+    prefilling the same prefix, greedy and sampled, speculating with either drafter."""
+    from sf_trt.scheduler import Request, Scheduler, run_to_completion
+
+    rng = np.random.default_rng(5)
+    stem = [int(t) for t in rng.integers(0, 22, 64)]
+
+    def run(mb: int) -> tuple[list[list[int]], list]:
+        sched = Scheduler(Executor(fake(), ExecutorConfig(prefix_cache_mb=mb)), tick_tokens=4, prefill_chunk=16, prefill_budget=16)
+        sampled = dict(sampling=Sampling.GPU_GUMBEL, params=SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12), seed=3)
+        first = sched.add(Request(stem, params=SamplingParams(max_tokens=12), drafter="suffix"), 1)
+        sched.step()
+        sched.step()  # the first is half prefilled when these arrive
+        later = [sched.add(Request(stem + [1, 2], **sampled), 2), sched.add(Request(stem[:40], speculate=False, params=SamplingParams(max_tokens=12)), 3)]
+        run_to_completion(sched)
+        turn2 = sched.add(Request(stem + first.tokens + [4, 5, 6], params=SamplingParams(max_tokens=12)), 4)
+        run_to_completion(sched)
+        seqs = [first, *later, turn2]
+        sched.executor.check_integrity()
+        return [s.tokens for s in seqs], [s.cached_len for s in seqs]
+
+    tokens_on, cached = run(1)
+    tokens_off, none = run(0)
+    assert tokens_on == tokens_off
+    assert none == [None] * 4
+    assert cached[0] == 0 and cached[1] == 32 and cached[2] == 32 and cached[3] == (64 + 12 - 1) // 16 * 16
