@@ -300,7 +300,7 @@ class Executor:
         if self.prefix_cache is None:
             return 0
         prompt = self._prompts[prompt_id]
-        return self.prefix_cache.cached_len(scope, prompt, prompt.shape[0] - 1)
+        return self.prefix_cache.cached_len(scope, prompt.tolist(), prompt.shape[0] - 1)
 
     def read_tokens(self, ref: TokenRef) -> list[int]:
         """The tokens behind an emit's ``token_ref``."""
@@ -499,7 +499,7 @@ class Executor:
             return
         self.prefix_queries += lane.prompt_len
         if op.cached_len:
-            lane.prefix = cache.match(lane.scope, prompt, op.cached_len)  # the check saw them: nothing was evicted since
+            lane.prefix = cache.match(lane.scope, tokens, op.cached_len)  # the check saw them: nothing was evicted since
             cache.pin(lane.prefix)
             lane.prefilled_len = op.cached_len
             if self._call("prefix load", [lane], self.primitives.load_prefix, slot, [b.state for b in lane.prefix]) is not _FAULT:

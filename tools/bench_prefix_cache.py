@@ -7,13 +7,16 @@ Two workloads, each a conversation whose every turn sends the whole conversation
 * agent: a task, then steps of the model's (tool-call-like) reply and a tool-like
   observation (JSON lines, listings), growing the same way.
 
-For each setting (``--prefix-cache-mb`` and 0, the cache off) the script starts `sf-trt
-serve` (``--max-num-seqs --concurrency``), runs one chat and one agent conversation
-alone, then ``--concurrency`` conversations at once (half chat, half agent, each its own
-``user``), streaming every turn and timing its first token. Greedy, so the answers must
-be the same with the cache on and off, and are checked to be. Prints a table of the
-median time to first token per turn, the throughput under the mixed load, and the
-server's peak RSS (VmHWM), and writes the numbers as JSON.
+Two `sf-trt serve` run side by side (``--max-num-seqs --concurrency``), one with the
+cache (``--prefix-cache-mb``) and one without (0). The script runs one chat and one agent
+conversation alone, then ``--concurrency`` conversations at once (half chat, half agent,
+each its own ``user``, turn by turn in step), streaming every turn and timing its first
+token. Each turn runs on both servers back to back (which one first alternates), so a
+change in the machine's load hits both alike. Greedy, so the answers must be the same
+with the cache on and off, and are checked to be. Prints the median time to first token
+per turn, the throughput under the mixed load (output tokens over the time that server
+spent on the concurrent turns), and each server's peak RSS (VmHWM), and writes the
+numbers as JSON.
 
     python tools/bench_prefix_cache.py --context 4096 --turns 8 --concurrency 8 --json bench_prefix_cache.json
 
@@ -103,35 +106,45 @@ async def turn(client: httpx.AsyncClient, url: str, conv: Conversation, max_toke
                     if ttft is None:
                         ttft = time.perf_counter() - t0
                     reply.append(piece)
-    conv.messages.append({"role": "assistant", "content": "".join(reply)})
     return {"ttft_s": ttft if ttft is not None else time.perf_counter() - t0, "prompt_tokens": usage["prompt_tokens"],
             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"], "completion_tokens": usage["completion_tokens"],
             "reply": "".join(reply)}
 
 
-async def run_conversation(client, url, conv: Conversation, turns: int, max_tokens: int) -> list[dict]:
-    out = []
-    for _ in range(turns):
-        conv.next_turn()
-        out.append(await turn(client, url, conv, max_tokens))
-    return out
-
-
-async def workload(url: str, args, concurrent: bool) -> dict:
+async def workload(urls: dict[str, str], args, concurrent: bool) -> dict:
     """Alone: one chat conversation, then one agent conversation. Concurrent: ``--concurrency``
-    conversations at once, half of each kind."""
+    conversations at once, half of each kind, turn by turn in step. Every turn runs on each
+    server (cache on, cache off) back to back, which goes first alternating, so both see the
+    machine's load alike; their answers must be the same."""
     kinds = ["chat", "agent"] * (args.concurrency // 2) + ["chat"] * (args.concurrency % 2) if concurrent else ["chat", "agent"]
     first = 100 if concurrent else 0  # conversations of their own: nothing cached from the run alone
-    convs = [Conversation(kind, seed=first + i, turn_words=args.turn_words, user=f"user-{first + i}") for i, kind in enumerate(kinds)]
+    convs = [Conversation(kind, seed=first + i, turn_words=args.turn_words[kind], user=f"user-{first + i}") for i, kind in enumerate(kinds)]
+    groups = [convs] if concurrent else [[c] for c in convs]
+    turns = {name: {id(c): [] for c in convs} for name in urls}
+    wall = dict.fromkeys(urls, 0.0)
     async with httpx.AsyncClient(timeout=3600) as client:
-        t0 = time.perf_counter()
-        if concurrent:
-            results = await asyncio.gather(*(run_conversation(client, url, c, args.turns, args.max_tokens) for c in convs))
-        else:
-            results = [await run_conversation(client, url, c, args.turns, args.max_tokens) for c in convs]
-        wall = time.perf_counter() - t0
-    output = sum(t["completion_tokens"] for r in results for t in r)
-    return {"kinds": kinds, "turns": results, "wall_s": wall, "output_tokens": output, "output_tok_s": output / wall}
+        for group in groups:
+            for k in range(args.turns):
+                for conv in group:
+                    conv.next_turn()
+                replies = {}
+                for name in (list(urls) if k % 2 == 0 else list(urls)[::-1]):
+                    t0 = time.perf_counter()
+                    done = await asyncio.gather(*(turn(client, urls[name], c, args.max_tokens) for c in group))
+                    wall[name] += time.perf_counter() - t0
+                    for conv, result in zip(group, done):
+                        turns[name][id(conv)].append(result)
+                    replies[name] = [r["reply"] for r in done]
+                if len(set(map(tuple, replies.values()))) != 1:
+                    raise SystemExit(f"turn {k + 1}: the answers differ with the cache on and off: {replies}")
+                for conv, reply in zip(group, replies["on"]):
+                    conv.messages.append({"role": "assistant", "content": reply})
+    out = {}
+    for name in urls:
+        results = [turns[name][id(c)] for c in convs]
+        output = sum(t["completion_tokens"] for r in results for t in r)
+        out[name] = {"kinds": kinds, "turns": results, "wall_s": wall[name], "output_tokens": output, "output_tok_s": output / wall[name]}
+    return out
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -141,30 +154,34 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def tokens_per_word(url: str) -> float:
-    """The served tokenizer's tokens per word of a turn's text and of an observation (the larger), from usage."""
-    rng, ratios = random.Random(99), []
-    for content in (text(rng, 100), observation(rng, 100)):
+def tokens_per_word(url: str) -> dict[str, float]:
+    """The served tokenizer's tokens per word of a chat turn's text and of an observation, from usage."""
+    rng, ratios = random.Random(99), {}
+    for kind, content in (("chat", text(rng, 100)), ("agent", observation(rng, 100))):
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1, "user": "calibration"}
         usage = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600).json()["usage"]
-        ratios.append(usage["prompt_tokens"] / len(content.split()))
-    return max(ratios)
+        ratios[kind] = usage["prompt_tokens"] / len(content.split())
+    return ratios
 
 
-def run_setting(args, cache_mb: int) -> dict:
-    flags = ["--prefix-cache-mb", str(cache_mb), "--speculate", args.speculate, *args.serve_flag]
-    proc, url = start_server(args.concurrency, args.context + args.max_tokens + 256, flags)
+def run(args) -> dict:
+    """Both servers up (the cache on, and off), the workloads alone then concurrent."""
+    procs, urls = {}, {}
     try:
-        per_word = tokens_per_word(url)  # and a warm-up
-        if args.turn_words is None:  # sized once, on the first server
-            budget = args.context - 96 - args.turns * (args.max_tokens + 16)  # the template's tokens per turn, about
-            args.turn_words = max(8, int(budget / args.turns / per_word))
-        alone = asyncio.run(workload(url, args, concurrent=False))
-        loaded = asyncio.run(workload(url, args, concurrent=True))
-        rss = peak_rss_mb(proc.pid)
+        for name, mb in (("on", args.prefix_cache_mb), ("off", 0)):
+            flags = ["--prefix-cache-mb", str(mb), "--speculate", args.speculate, *args.serve_flag]
+            procs[name], urls[name] = start_server(args.concurrency, args.context + args.max_tokens + 256, flags)
+            per_word = tokens_per_word(urls[name])  # and a warm-up
+        budget = args.context - 96 - args.turns * (args.max_tokens + 16)  # the template's tokens per turn, about
+        args.turn_words = {kind: max(8, int(budget / args.turns / r)) for kind, r in per_word.items()}
+        alone = asyncio.run(workload(urls, args, concurrent=False))
+        loaded = asyncio.run(workload(urls, args, concurrent=True))
+        rss = {name: peak_rss_mb(proc.pid) for name, proc in procs.items()}
     finally:
-        stop_server(proc)
-    return {"prefix_cache_mb": cache_mb, "alone": alone, "concurrent": loaded, "peak_rss_mb": rss}
+        for proc in procs.values():
+            stop_server(proc)
+    return {name: {"prefix_cache_mb": args.prefix_cache_mb if name == "on" else 0, "alone": alone[name], "concurrent": loaded[name],
+                   "peak_rss_mb": rss[name]} for name in urls}
 
 
 def per_turn(result: dict, kind: str, key: str) -> list[float]:
@@ -184,20 +201,12 @@ def main(argv=None) -> int:
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra flag for `sf-trt serve` (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    args.turn_words = None
     load = [os.getloadavg()[0]]
-    runs = {}
-    for name, mb in (("on", args.prefix_cache_mb), ("off", 0)):
-        runs[name] = run_setting(args, mb)
-        print(f"cache {name}: done", file=sys.stderr, flush=True)
+    runs = run(args)
     load.append(os.getloadavg()[0])
-    for phase in ("alone", "concurrent"):  # greedy: the cache must change no answer
-        on = [[t["reply"] for t in r] for r in runs["on"][phase]["turns"]]
-        off = [[t["reply"] for t in r] for r in runs["off"][phase]["turns"]]
-        if on != off:
-            raise SystemExit(f"{phase}: the answers differ with the cache on and off")
 
-    print(f"load average {load[0]:.2f} before, {load[1]:.2f} after; answers identical with the cache on and off")
+    print(f"load average {load[0]:.2f} before, {load[1]:.2f} after; answers identical with the cache on and off; "
+          f"words per turn {args.turn_words}")
     summary = {}
     for phase in ("alone", "concurrent"):
         for kind in ("chat", "agent"):
@@ -212,7 +221,7 @@ def main(argv=None) -> int:
             for i in range(args.turns):
                 print(f"| {i + 1} | {prompt[i]:.0f} | {cached[i]:.0f} | {ttft_on[i]:.2f} | {ttft_off[i]:.2f} | {ttft_off[i] / ttft_on[i]:.2f} |")
             print(f"last turn / first turn: {ttft_on[-1] / ttft_on[0]:.2f} on, {ttft_off[-1] / ttft_off[0]:.2f} off")
-    print("\n| cache | mixed load: output tok/s | wall (s) | peak RSS (MiB) |\n|---|---|---|---|")
+    print("\n| cache | mixed load: output tok/s | its wall time (s) | peak RSS (MiB) |\n|---|---|---|---|")
     for name, r in runs.items():
         print(f"| {name} ({r['prefix_cache_mb']} MiB) | {r['concurrent']['output_tok_s']:.2f} | {r['concurrent']['wall_s']:.1f} | {r['peak_rss_mb']:.0f} |")
     if args.json:
