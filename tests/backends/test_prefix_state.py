@@ -106,3 +106,23 @@ def test_real_second_turn_from_the_cache_is_exact(real_model_dir, real_tokenizer
     assert [r.tokens for r in on] == [r.tokens for r in off]
     assert cached == (len(history) - 1) // 16 * 16 and cached >= 48
     assert assert_cached_blocks_are_fresh_bytes(ex, real_model_dir, history, 256) >= 4
+
+
+@pytest.mark.parametrize("mode", [Sampling.GPU_GREEDY, Sampling.GPU_GUMBEL])
+def test_tiny_a_prefix_still_being_prefilled_by_another_lane(tiny_model_dir, mode):
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, 256, 60).tolist()
+    params = SAMPLED if mode == Sampling.GPU_GUMBEL else SamplingParams()
+
+    def make():
+        return OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=128)
+
+    lanes = [
+        LaneSpec(tuple(prompt), mode=mode, params=params, seed=1, prefill_chunk=8, budgets=(12,)),
+        LaneSpec(tuple(prompt + [7, 8]), mode=mode, params=params, seed=2, admit_tick=3, prefill_chunk=8, budgets=(12,), speculate=True),
+        LaneSpec(tuple(prompt[:33]), mode=mode, params=params, seed=3, admit_tick=5, budgets=(12,)),
+    ]
+    cached: dict[int, int] = {}
+    on = run_lanes(make, lanes, executor_config=ExecutorConfig(prefix_cache_mb=16), cached=cached)
+    assert cached == {0: 0, 1: 16, 2: 32}  # lane 0's blocks as its chunks of 8 completed them
+    assert [r.tokens for r in on] == [r.tokens for r in run_lanes(make, lanes)]
