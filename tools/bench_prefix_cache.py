@@ -175,13 +175,46 @@ def run(args) -> dict:
         budget = args.context - 96 - args.turns * (args.max_tokens + 16)  # the template's tokens per turn, about
         args.turn_words = {kind: max(8, int(budget / args.turns / r)) for kind, r in per_word.items()}
         alone = asyncio.run(workload(urls, args, concurrent=False))
-        loaded = asyncio.run(workload(urls, args, concurrent=True))
+        loaded = None if args.alone_only else asyncio.run(workload(urls, args, concurrent=True))
         rss = {name: peak_rss_mb(proc.pid) for name, proc in procs.items()}
     finally:
         for proc in procs.values():
             stop_server(proc)
-    return {name: {"prefix_cache_mb": args.prefix_cache_mb if name == "on" else 0, "alone": alone[name], "concurrent": loaded[name],
+    return {name: {"prefix_cache_mb": args.prefix_cache_mb if name == "on" else 0, "alone": alone[name],
+                   "concurrent": loaded[name] if loaded else None,
                    "peak_rss_mb": rss[name]} for name in urls}
+
+
+def new_rows_cost(context: int, rows: int = 200, repeats: int = 3) -> dict[int, float]:
+    """What a cached turn still pays: the fastest of ``repeats`` passes of ``rows`` new rows after
+    0, half the context and nearly all of it already held (the decoder alone, default model)."""
+    import numpy as np
+
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.export.pipeline import default_model_dir
+    from sf_trt.primitives import Rows
+
+    starts = (0, context // 2 - rows, context - rows)
+    tokens = np.random.default_rng(0).integers(0, 40000, context)
+    best = dict.fromkeys(starts, float("inf"))
+    with OrtDecoderPrimitives(default_model_dir(progress=False), max_lanes=1, max_context=context + 1) as prims:
+        def run(start: int, n: int) -> float:
+            r = Rows(np.zeros(n, np.int64), np.arange(start, start + n), tokens[start:start + n], np.array([n - 1]))
+            t0 = time.perf_counter()
+            prims.forward(r)
+            return time.perf_counter() - t0
+
+        def fill(start: int) -> None:  # the lane holds the whole context again
+            for at in range(start, context, 256):
+                run(at, min(256, context - at))
+
+        fill(0)
+        for _ in range(repeats):
+            for start in sorted(starts, reverse=True):  # rollback is a length: each start below the last
+                prims.truncate(0, start)
+                best[start] = min(best[start], run(start, rows))
+            fill(rows)
+    return best
 
 
 def per_turn(result: dict, kind: str, key: str) -> list[float]:
@@ -199,6 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix-cache-mb", type=int, default=1024, help="the cache's budget in the run with it on")
     ap.add_argument("--speculate", default="prompt-lookup")
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra flag for `sf-trt serve` (repeatable)")
+    ap.add_argument("--alone-only", action="store_true", help="skip the concurrent run")
+    ap.add_argument("--probe", action="store_true", help="also time 200 new rows after 0, half and nearly all of --context (the decoder alone, fastest of 3)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     load = [os.getloadavg()[0]]
@@ -208,7 +243,7 @@ def main(argv=None) -> int:
     print(f"load average {load[0]:.2f} before, {load[1]:.2f} after; answers identical with the cache on and off; "
           f"words per turn {args.turn_words}")
     summary = {}
-    for phase in ("alone", "concurrent"):
+    for phase in ("alone",) if args.alone_only else ("alone", "concurrent"):
         for kind in ("chat", "agent"):
             prompt = per_turn(runs["on"][phase], kind, "prompt_tokens")
             cached = per_turn(runs["on"][phase], kind, "cached_tokens")
@@ -223,7 +258,14 @@ def main(argv=None) -> int:
             print(f"last turn / first turn: {ttft_on[-1] / ttft_on[0]:.2f} on, {ttft_off[-1] / ttft_off[0]:.2f} off")
     print("\n| cache | mixed load: output tok/s | its wall time (s) | peak RSS (MiB) |\n|---|---|---|---|")
     for name, r in runs.items():
-        print(f"| {name} ({r['prefix_cache_mb']} MiB) | {r['concurrent']['output_tok_s']:.2f} | {r['concurrent']['wall_s']:.1f} | {r['peak_rss_mb']:.0f} |")
+        loaded = r["concurrent"] or {"output_tok_s": float("nan"), "wall_s": float("nan")}
+        print(f"| {name} ({r['prefix_cache_mb']} MiB) | {loaded['output_tok_s']:.2f} | {loaded['wall_s']:.1f} | {r['peak_rss_mb']:.0f} |")
+    if args.probe:
+        probe = new_rows_cost(args.context)
+        runs["probe"] = {str(k): v for k, v in probe.items()}
+        print("\n| 200 new rows after | fastest of 3 (s) | / after 0 |\n|---|---|---|")
+        for start, t in probe.items():
+            print(f"| {start} | {t:.3f} | {t / probe[0]:.2f} |")
     if args.json:
         args.json.write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                                          "load": load, "summary": summary, "runs": runs}, indent=2) + "\n")
