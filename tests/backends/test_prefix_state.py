@@ -105,7 +105,7 @@ def test_real_second_turn_from_the_cache_is_exact(real_model_dir, real_tokenizer
     on, off, cached, ex, history = two_turns(make, real_model_dir, turn1, new, mode=mode, params=params, speculate=True, max_context=256)
     assert [r.tokens for r in on] == [r.tokens for r in off]
     assert cached == (len(history) - 1) // 16 * 16 and cached >= 48
-    assert assert_cached_blocks_are_fresh_bytes(ex, real_model_dir, history, 256) >= 4
+    assert assert_cached_blocks_are_fresh_bytes(ex, real_model_dir, history, 256) >= cached // 16
 
 
 @pytest.mark.parametrize("mode", [Sampling.GPU_GREEDY, Sampling.GPU_GUMBEL])
