@@ -128,7 +128,9 @@ async def workload(urls: dict[str, str], args, concurrent: bool) -> dict:
                 for conv in group:
                     conv.next_turn()
                 replies = {}
-                for name in (list(urls) if k % 2 == 0 else list(urls)[::-1]):
+                # which server goes first alternates by turn and by conversation: the first to
+                # answer after idling pays for waking up
+                for name in (list(urls) if (k + groups.index(group)) % 2 == 0 else list(urls)[::-1]):
                     t0 = time.perf_counter()
                     done = await asyncio.gather(*(turn(client, urls[name], c, args.max_tokens) for c in group))
                     wall[name] += time.perf_counter() - t0
@@ -233,9 +235,14 @@ def main(argv=None) -> int:
     ap.add_argument("--speculate", default="prompt-lookup")
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra flag for `sf-trt serve` (repeatable)")
     ap.add_argument("--alone-only", action="store_true", help="skip the concurrent run")
+    ap.add_argument("--probe-only", action="store_true", help="only the --probe timing")
     ap.add_argument("--probe", action="store_true", help="also time 200 new rows after 0, half and nearly all of --context (the decoder alone, fastest of 3)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.probe_only:
+        for start, t in new_rows_cost(args.context).items():
+            print(f"200 new rows after {start}: {t:.3f} s")
+        return 0
     load = [os.getloadavg()[0]]
     runs = run(args)
     load.append(os.getloadavg()[0])
