@@ -3,7 +3,9 @@
 A tick reads like the design::
 
     check(plan)            the whole plan against the lanes, before anything runs
-    admit / prefill        slots taken; prompt chunks forwarded in packed passes
+    admit / prefill        slots taken (a lane may start from a prefix the prefix
+                           cache holds: ``Admit.cached_len``); prompt chunks forwarded
+                           in packed passes, the completed blocks offered to the cache
     decode steps           each step: one forward over every decoding lane's rows,
                            one verify-and-sample pass, accept, roll back
     emit / release         one emit per lane touched; finished lanes freed
@@ -51,7 +53,7 @@ another lane's tokens. A logits row ``verify_sample`` cannot sample from (NaN,
 that row emitted, unless the lane ended (EOS, length) before it.
 
 A lane that ends, by finishing or by a fault, is released in the tick's last
-phase. If the release raises, the lane still ends as it would have (its finish
+phase (what it committed offered to the prefix cache first, unless it failed). If the release raises, the lane still ends as it would have (its finish
 stays, ``Emit.error`` reports the release) and its id is free again, but its
 slot is *quarantined*: not reused, released again at the end of every later
 tick until that succeeds (``Executor.quarantined``). ``check_integrity`` holds
