@@ -99,3 +99,29 @@ def test_serve_with_no_model_flags_serves_the_default_model(real_int8_model_dir)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_the_prefix_cache_flag_reaches_the_engine_and_a_backend_that_cannot_hold_it_runs_without(monkeypatch, caplog):
+    import dataclasses
+
+    from sf_trt.cli import build_parser
+    from sf_trt.cli import serve_state
+
+    args = build_parser().parse_args(["serve", "--backend", "fake", "--prefix-cache-mb", "8"])
+    engine = serve_state.server_state(args)[1]()[0]
+    assert engine.executor.prefix_cache.budget_bytes == 8 << 20
+    default = build_parser().parse_args(["serve", "--backend", "fake"])
+    assert serve_state.server_state(default)[1]()[0].executor.prefix_cache.budget_bytes == 1024 << 20
+
+    opened = serve_state.open_served
+
+    def without_state_io(a):
+        prims, tokenizer, max_context = opened(a)
+        prims.capabilities = dataclasses.replace(prims.capabilities, state_bytes_per_token=0)
+        return prims, tokenizer, max_context
+
+    monkeypatch.setattr(serve_state, "open_served", without_state_io)
+    with caplog.at_level("WARNING", logger="sf_trt.serve"):
+        engine = serve_state.server_state(args)[1]()[0]
+    assert engine.executor.prefix_cache is None
+    assert "no prefix cache: FakePrimitives cannot save or load its state (--prefix-cache-mb 8 ignored)" in caplog.text

@@ -383,3 +383,17 @@ def test_tensorrt_fp16_decoder_is_close_to_the_fp32_stand_in(tmp_path):
         for rows in (_rows([0] * 6, range(6), [5, 9, 17, 3, 5, 9], range(6)), _rows([0, 2], [6, 0], [4, 8], [0, 1]), _rows([0, 2], [7, 1], [1, 2], [0, 1])):
             np.testing.assert_allclose(trt_p.logits_host(trt_p.forward(rows)), cpu_p.logits_host(cpu_p.forward(rows)), atol=2e-2, rtol=2e-2)
         trt_p.close()
+
+
+def test_tensorrt_says_it_cannot_hold_a_prefix_cache():
+    """Until copying blocks of device state in and out is measured against recomputing them."""
+    from sf_trt.executor import Executor, ExecutorConfig
+
+    p = stand_in()
+    assert p.capabilities.state_bytes_per_token == 0
+    with pytest.raises(StatusError, match=r"Executor: prefix_cache_mb 64 asks for a prefix cache, and TensorRTPrimitives cannot save or load state") as err:
+        Executor(p, ExecutorConfig(prefix_cache_mb=64))
+    assert err.value.status == Status.UNSUPPORTED
+    with pytest.raises(StatusError, match=r"load_prefix\(lane=0, 0 blocks of 0 positions\): TensorRTPrimitives cannot save or load state") as err:
+        p.load_prefix(0, [])
+    assert err.value.status == Status.UNSUPPORTED
