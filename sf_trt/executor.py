@@ -53,7 +53,8 @@ another lane's tokens. A logits row ``verify_sample`` cannot sample from (NaN,
 that row emitted, unless the lane ended (EOS, length) before it.
 
 A lane that ends, by finishing or by a fault, is released in the tick's last
-phase (what it committed offered to the prefix cache first, unless it failed). If the release raises, the lane still ends as it would have (its finish
+phase (what it committed is offered to the prefix cache first, unless it
+failed). If the release raises, the lane still ends as it would have (its finish
 stays, ``Emit.error`` reports the release) and its id is free again, but its
 slot is *quarantined*: not reused, released again at the end of every later
 tick until that succeeds (``Executor.quarantined``). ``check_integrity`` holds
@@ -741,8 +742,8 @@ class Executor:
         if self.prefix_cache is not None:
             self.prefix_cache.check_integrity()
             pins = sum(len(lane.prefix) for lane in self._lanes.values())
-            if pins != sum(b.refs for b in self.prefix_cache._blocks.values()):
-                raise AssertionError(f"prefix cache: lanes pin {pins} blocks, the cache counts {sum(b.refs for b in self.prefix_cache._blocks.values())}")
+            if pins != self.prefix_cache.pins():
+                raise AssertionError(f"prefix cache: lanes pin {pins} blocks, the cache counts {self.prefix_cache.pins()}")
         for slot in self._free_slots:
             if self.primitives.state_len(slot) != 0:
                 raise AssertionError(f"free slot {slot}: backend state holds {self.primitives.state_len(slot)} positions")

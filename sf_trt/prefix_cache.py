@@ -210,6 +210,6 @@ class PrefixCache:
             if block.children != children.get(block.block_id, 0):
                 raise AssertionError(f"prefix cache: block {block.block_id} counts {block.children} children, has {children.get(block.block_id, 0)}")
 
-    def pinned(self) -> int:
-        """Blocks some lane pins."""
-        return sum(1 for b in self._blocks.values() if b.refs)
+    def pins(self) -> int:
+        """Pins held on blocks, over all lanes (a block two lanes pin counts twice)."""
+        return sum(b.refs for b in self._blocks.values())
