@@ -101,10 +101,12 @@ class PrefixCache:
     # -- lanes' chains -------------------------------------------------------------------------
 
     def pin(self, chain: Sequence[CachedBlock]) -> None:
+        """A lane holds ``chain``: none of it is evicted until :meth:`unpin`."""
         for block in chain:
             block.refs += 1
 
     def unpin(self, chain: Sequence[CachedBlock]) -> None:
+        """The lane let ``chain`` go (released): its blocks are the most recently used."""
         self._touch(chain)
         for block in chain:
             block.refs -= 1
