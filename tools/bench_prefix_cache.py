@@ -187,9 +187,11 @@ def run(args) -> dict:
                    "peak_rss_mb": rss[name]} for name in urls}
 
 
-def new_rows_cost(context: int, rows: int = 200, repeats: int = 3) -> dict[int, float]:
+def new_rows_cost(context: int, rows: int = 200, repeats: int = 3) -> dict:
     """What a cached turn still pays: the fastest of ``repeats`` passes of ``rows`` new rows after
-    0, half the context and nearly all of it already held (the decoder alone, default model)."""
+    0, half the context and nearly all of it already held (by start), and what saving and
+    loading a whole lane's blocks takes (``save_s``, ``load_s``, ``blocks``); the decoder
+    alone, default model."""
     import numpy as np
 
     from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
@@ -216,6 +218,15 @@ def new_rows_cost(context: int, rows: int = 200, repeats: int = 3) -> dict[int, 
                 prims.truncate(0, start)
                 best[start] = min(best[start], run(start, rows))
             fill(rows)
+        n = context // 16 * 16 - 16  # the blocks of a whole lane, saved out and loaded back
+        t0 = time.perf_counter()
+        blocks = [prims.save_block(0, at, 16) for at in range(0, n, 16)]
+        best["save_s"] = time.perf_counter() - t0
+        prims.release(0)
+        t0 = time.perf_counter()
+        prims.load_prefix(0, blocks)
+        best["load_s"] = time.perf_counter() - t0
+        best["blocks"] = len(blocks)
     return best
 
 
@@ -240,8 +251,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.probe_only:
-        for start, t in new_rows_cost(args.context).items():
-            print(f"200 new rows after {start}: {t:.3f} s")
+        probe = new_rows_cost(args.context)
+        for start in [k for k in probe if isinstance(k, int)]:
+            print(f"200 new rows after {start}: {probe[start]:.3f} s")
+        print(f"{probe['blocks']} blocks of 16 positions: saved in {probe['save_s']:.3f} s, loaded in {probe['load_s']:.3f} s")
         return 0
     load = [os.getloadavg()[0]]
     runs = run(args)
@@ -271,8 +284,8 @@ def main(argv=None) -> int:
         probe = new_rows_cost(args.context)
         runs["probe"] = {str(k): v for k, v in probe.items()}
         print("\n| 200 new rows after | fastest of 3 (s) | / after 0 |\n|---|---|---|")
-        for start, t in probe.items():
-            print(f"| {start} | {t:.3f} | {t / probe[0]:.2f} |")
+        for start in [k for k in probe if isinstance(k, int)]:
+            print(f"| {start} | {probe[start]:.3f} | {probe[start] / probe[0]:.2f} |")
     if args.json:
         args.json.write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                                          "load": load, "summary": summary, "runs": runs}, indent=2) + "\n")
