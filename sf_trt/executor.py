@@ -42,6 +42,7 @@ when one raises, the lanes it served end with ``Finish.ERROR`` and ``Emit.error`
     decode forward     every lane of the step (they share the pass)
     verify_sample      every lane of the step
     truncate           that lane only (the step's other lanes go on)
+    prefix load/save   that lane only (the prefix cache copying its state in or out)
     release            that lane's slot is quarantined, see below
 
 Every token drawn before the fault, in earlier steps of the tick or in the same

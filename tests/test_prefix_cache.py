@@ -253,3 +253,19 @@ def test_the_scheduler_starts_requests_from_the_cache_and_they_emit_the_same():
     assert tokens_on == tokens_off
     assert none == [None] * 4
     assert cached[0] == 0 and cached[1] == 32 and cached[2] == 32 and cached[3] == (64 + 12 - 1) // 16 * 16
+
+
+def test_a_failed_prefix_save_ends_that_lane_only_and_keeps_nothing_of_it():
+    class FailingSave(FakePrimitives):
+        def _save_block_impl(self, lane, start, length):
+            if self._history[lane, 0] == 7:
+                raise RuntimeError("device read failed")
+            return super()._save_block_impl(lane, start, length)
+
+    ex = Executor(FailingSave(CFG), ON)
+    bad, good = ex.register_prompt([7] + [1] * 39), ex.register_prompt([5] + [1] * 39)
+    ev = ex.tick(Plan().admit(1, bad).prefill(1, 0, 40).decode(1, 3).admit(2, good).prefill(2, 0, 40).decode(2, 3))
+    assert ev.emit_for(1).finish == Finish.ERROR and "prefix save (lane 1): RuntimeError: device read failed" in ev.emit_for(1).error
+    assert ev.emit_for(2).finish == Finish.NONE and len(ex.read_tokens(ev.emit_for(2).token_ref)) == 3
+    assert ex.cached_prefix(ex.register_prompt([7] + [1] * 39), "") == 0 and ex.cached_prefix(ex.register_prompt([5] + [1] * 39), "") == 32
+    ex.check_integrity()
