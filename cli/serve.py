@@ -69,7 +69,7 @@ def add_serve_parsers(sub: Any) -> None:
     s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
                    help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
     s.add_argument("--prefix-cache-mb", type=ranged(int, 0, what="MiB >= 0"), default=DEFAULT_PREFIX_CACHE_MB,
-                   help="MiB of model state kept for prompt prefixes of earlier and running requests, per `user` (exact: a "
+                   help="MiB of model state kept for prompt prefixes of earlier and running requests, shared only within one `user` (exact: a "
                    "request that starts from a cached prefix emits what it would without it; least recently used out "
                    f"first; 0: off; backends that cannot hold it, TensorRT, run without; default {DEFAULT_PREFIX_CACHE_MB})")
     add_model_flags(p)
