@@ -10,13 +10,12 @@ from typing import Optional
 from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
 from sf_trt.backends import BACKENDS, names as backend_names
 from sf_trt.drafting import PromptLookupConfig
+from sf_trt.entrypoints.model import CONTEXT_STEP, DEFAULT_CONTEXT
 from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
-from sf_trt.generate import DEFAULT_TICK_TOKENS
+from sf_trt.scheduler import SchedulerConfig
 
-__all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "draft_policy", "CONTEXT_STEP", "DEFAULT_CONTEXT", "DRAFT_POLICIES"]
+__all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "draft_policy", "scheduler_config", "CONTEXT_STEP", "DEFAULT_CONTEXT", "DRAFT_POLICIES"]
 
-CONTEXT_STEP = 256
-DEFAULT_CONTEXT = 2048
 DRAFT_POLICIES = ("load-aware", "always")
 """--draft-policy's choices: sf_trt.scheduler.LoadAwareDrafting, and DraftPolicy (drafts whenever the drafter finds one)."""
 
@@ -39,13 +38,15 @@ def ranged(kind, lo=None, hi=None, lo_open=False, what=""):
     return parse
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser, extra_backends: Optional[dict[str, str]] = None) -> None:
+    """The model and backend flags; ``extra_backends``: more ``--backend`` choices, name -> help."""
+    extra = extra_backends or {}
     g = p.add_argument_group("model")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--gguf", type=Path, help="a Llama-family GGUF file (exported to ONNX on first use, then reused)")
     src.add_argument("--model", type=Path, help="a model directory written by `sf-trt export`")
-    g.add_argument("--backend", choices=backend_names(), default="onnxruntime",
-                   help="; ".join(f"{b.name}: {b.summary}" for b in BACKENDS.values()))
+    g.add_argument("--backend", choices=(*backend_names(), *extra), default="onnxruntime",
+                   help="; ".join([*(f"{b.name}: {b.summary}" for b in BACKENDS.values()), *(f"{n}: {h}" for n, h in extra.items())]))
     g.add_argument("--engines", type=Path, default=Path("engines"),
                    help="with --backend tensorrt: the directory of engines and manifest.json (default engines/)")
     g.add_argument("--threads", type=ranged(int, 1, what="threads >= 1"), default=None,
@@ -78,14 +79,22 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_tokens_default: Optional[
     g.add_argument("--seed", type=ranged(int, 0, 2**63 - 1, what="a seed in 0..2**63-1"), default=0,
                    help="the RNG counter base (the same seed draws the same tokens)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--presence-penalty", type=ranged(float, -2.0, 2.0, what="a penalty in [-2, 2]"), default=0.0,
+                   help="subtracted once from the logit of every token the output holds (vLLM's; 0: off)")
+    g.add_argument("--frequency-penalty", type=ranged(float, -2.0, 2.0, what="a penalty in [-2, 2]"), default=0.0,
+                   help="times a token's count in the output, subtracted from its logit (vLLM's; 0: off)")
+    g.add_argument("--repetition-penalty", type=ranged(float, 2.0**-16, 2.0**16, what="a penalty in [2**-16, 2**16]"), default=1.0,
+                   help="divides the positive, multiplies the negative logits of prompt and output tokens (vLLM's; 1: off)")
+    g.add_argument("--min-tokens", type=ranged(int, 0, what="min tokens >= 0"), default=0,
+                   help="hold the end-of-sequence token back until this many tokens (vLLM's)")
     g.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=draft_default,
                    help=f"most draft tokens per verify pass (default {draft_default})")
     g.add_argument("--draft-policy", choices=DRAFT_POLICIES, default="load-aware",
                    help="load-aware (default): a lane drafts while its drafts are taken often enough to pay for their rows, "
                    "and no lane drafts in a batch of 5 or more; always: every pass carries whatever draft the drafter finds. "
                    "Neither changes a token")
-    g.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=DEFAULT_TICK_TOKENS,
-                   help=f"tokens each lane is asked for per tick (default {DEFAULT_TICK_TOKENS})")
+    g.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=SchedulerConfig.tick_tokens,
+                   help=f"tokens each lane is asked for per tick (default {SchedulerConfig.tick_tokens})")
 
 
 def draft_policy(args: argparse.Namespace):
@@ -95,6 +104,13 @@ def draft_policy(args: argparse.Namespace):
     return LoadAwareDrafting() if args.draft_policy == "load-aware" else DraftPolicy()
 
 
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    """The batch scheduler configuration the flags ask for (draft length, tokens per tick, policy)."""
+    from sf_trt.drafting import PromptLookupConfig
+
+    return SchedulerConfig(tick_tokens=args.tick_tokens, draft_config=PromptLookupConfig(max_draft=args.max_draft), policy=draft_policy(args))
+
+
 def sampling(args: argparse.Namespace) -> tuple[Sampling, SamplingParams]:
     """The sampling mode and parameters the flags ask for (temperature 0: greedy)."""
     flags = SamplingFlag.IGNORE_EOS if args.ignore_eos else SamplingFlag(0)
@@ -102,5 +118,7 @@ def sampling(args: argparse.Namespace) -> tuple[Sampling, SamplingParams]:
     params = SamplingParams(
         temperature=1.0 if greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
         max_tokens=args.max_tokens or args.max_tokens_default or 0, flags=flags,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens,
     )
     return (Sampling.GPU_GREEDY if greedy else Sampling.GPU_GUMBEL), params

@@ -10,7 +10,7 @@ from sf_trt.abi import Finish
 from sf_trt.scheduler import DRAFTERS
 
 from .errors import CliError
-from .flags import add_model_flags, add_sampling_flags, draft_policy, sampling
+from .flags import add_model_flags, add_sampling_flags, sampling, scheduler_config
 from .launch import context_window, note, open_backend, resolve
 
 __all__ = ["add_generate_parser", "prompt_ids", "generator", "utf8_text"]
@@ -68,11 +68,9 @@ def prompt_ids(tok, *, prompt=None, chat=None, messages=None, ids=None) -> list[
 
 def generator(prims, args):
     """The Generator the flags configure (draft length, tokens per tick)."""
-    from sf_trt.drafting import PromptLookupConfig
     from sf_trt.generate import Generator
 
-    return Generator(prims, draft_config=PromptLookupConfig(max_draft=args.max_draft), tick_tokens=args.tick_tokens,
-                     policy=draft_policy(args))
+    return Generator(prims, scheduler_config(args))
 
 
 def cmd_generate(args) -> int:

@@ -1,34 +1,26 @@
 """From the command line's model flags to an open model, resolved once and handed on.
 
-:func:`resolve` turns ``--model`` / ``--gguf`` / nothing (the default model)
-into a checked :class:`~sf_trt.formats.model_dir.ModelDir` and its tokenizer,
-exporting on first use; :func:`open_backend` opens the backend the flags name on
-it. Every command that runs a model goes through both, so a model is found,
-hashed and loaded once per command.
+:func:`model_spec` and :func:`backend_spec` turn ``--model`` / ``--gguf`` / nothing
+(the default model), ``--weights``, ``--backend``, ``--threads``, ``--engines`` and
+``--spin`` into the entry points' specs (:class:`~sf_trt.entrypoints.model.ModelSpec`,
+:class:`~sf_trt.backends.BackendSpec`); :func:`resolve` opens the model (exporting it
+on first use) and :func:`open_backend` the backend on it. Every command that runs a
+model goes through them, so a model is found, hashed and loaded once per command.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
-from sf_trt.formats.model_dir import ModelDir
-from sf_trt.tokenizer import Tokenizer, TokenizerError
+from sf_trt.backends import BackendSpec
+from sf_trt.entrypoints.model import CONTEXT_STEP, DEFAULT_CONTEXT, ModelSpec, OpenedModel
+from sf_trt.entrypoints.model import resolve as resolve_spec
 
 from .errors import CliError
-from .flags import CONTEXT_STEP, DEFAULT_CONTEXT
 
-__all__ = ["Resolved", "resolve", "open_backend", "context_window", "cores", "note"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Resolved:
-    """A model directory ready to run, and its tokenizer."""
-
-    model_dir: ModelDir
-    tokenizer: Tokenizer
+__all__ = ["model_spec", "backend_spec", "resolve", "open_backend", "context_window", "cores", "note"]
 
 
 def note(msg: str) -> None:
@@ -36,29 +28,25 @@ def note(msg: str) -> None:
     print(f"sf-trt: {msg}", file=sys.stderr, flush=True)
 
 
-def resolve(args: argparse.Namespace, *, progress: bool = True) -> Resolved:
-    """The model the flags name: ``--model DIR`` as it is (its files checked
-    against their digests), ``--gguf PATH`` or the default model exported into
-    the cache on first use (progress on stderr; the cache checked writable
-    before anything is fetched or built)."""
-    from sf_trt import models
-    from sf_trt.export.pipeline import default_model_dir, export_model_dir
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The model the flags name: ``--model DIR``, ``--gguf PATH`` or the default model, with ``--weights``."""
+    return ModelSpec(path=args.model, gguf=args.gguf, weights=args.weights)
 
-    if args.model is not None:
-        model_dir = ModelDir.open(args.model)
-    else:
-        if args.gguf is not None:
-            gguf = models.check_gguf(args.gguf)
-            with models.cache_lock():  # processes sharing the cache export it once
-                path = export_model_dir(gguf, models.export_dir(gguf, args.weights), progress=progress, weight_dtype=args.weights)
-        else:
-            path = default_model_dir(progress=progress, weight_dtype=args.weights)
-        model_dir = ModelDir.open(path, verify=False)  # checked (or written) just now
-    try:
-        tokenizer = Tokenizer.load(model_dir.path)
-    except TokenizerError as exc:
-        raise TokenizerError(f"{exc} (re-export the model with `sf-trt export`)") from None
-    return Resolved(model_dir, tokenizer)
+
+def backend_spec(args: argparse.Namespace) -> BackendSpec:
+    """The backend the flags name (``--threads`` capped to the cores here, with a note)."""
+    threads = args.threads
+    if threads is not None and threads > cores():
+        note(f"--threads {threads} capped to the {cores()} cores here")
+        threads = cores()
+    return BackendSpec(args.backend, threads, args.engines, getattr(args, "spin", False))
+
+
+def resolve(args: argparse.Namespace, *, progress: bool = True) -> OpenedModel:
+    """The model the flags name, opened (:func:`sf_trt.entrypoints.model.resolve`: a model
+    directory checked against its digests, a GGUF or the default model exported into
+    the cache on first use, progress on stderr)."""
+    return resolve_spec(model_spec(args), progress=progress)
 
 
 def cores() -> int:
@@ -69,19 +57,9 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def open_backend(args: argparse.Namespace, model: Resolved, *, max_lanes: int, max_context: int):
-    """The ``--backend`` the flags name, opened on ``model`` (``--threads`` capped
-    to the cores here, with a note)."""
-    from sf_trt.backends import open_model
-
-    threads = args.threads
-    if threads is not None and threads > cores():
-        note(f"--threads {threads} capped to the {cores()} cores here")
-        threads = cores()
-    return open_model(
-        args.backend, model.model_dir.path, max_lanes=max_lanes, max_context=max_context,
-        threads=threads, engines=args.engines, spinning=getattr(args, "spin", False),
-    )
+def open_backend(args: argparse.Namespace, model: OpenedModel, *, max_lanes: int, max_context: int):
+    """The ``--backend`` the flags name, opened on ``model``."""
+    return backend_spec(args).open(model.model_dir.path, max_lanes=max_lanes, max_context=max_context)
 
 
 def context_window(flag: int | None, model_context: int, requests: list[tuple[str, int, int]]) -> int:

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
+from sf_trt.serve.limits import TEMPERATURE_MAX
+
 from .bench import read_prompts
 from .errors import CliError
 from .flags import ranged
@@ -333,7 +335,7 @@ def add_loadtest_parser(sub: Any) -> None:
     p.add_argument("--arrival", choices=("fixed", "poisson"), default="poisson", help="arrival process at --request-rate (default poisson)")
     p.add_argument("--max-concurrency", type=ranged(int, 1, what="a cap >= 1"), default=None, help="requests in flight at most (default: no cap)")
     p.add_argument("--max-tokens", type=ranged(int, 1, what="tokens >= 1"), default=None, help="override each prompt's max_tokens")
-    p.add_argument("--temperature", type=ranged(float, 0.0, what="a temperature >= 0"), default=0.8)
+    p.add_argument("--temperature", type=ranged(float, 0.0, TEMPERATURE_MAX, what=f"a temperature in 0..{TEMPERATURE_MAX:g}"), default=0.8)
     p.add_argument("--top-p", type=ranged(float, 0.0, 1.0, lo_open=True, what="top-p in (0, 1]"), default=None)
     p.add_argument("--seed", type=ranged(int, 0, 2**62, what="a seed >= 0"), default=1000, help="request i is seeded seed + i")
     p.add_argument("--speculate", choices=("none", "prompt-lookup"), default=None, help="per-request speculation (default: the server's)")

@@ -71,13 +71,12 @@ class SfTrtReplica:
     nothing here before it can serve; ``check_health`` fails once the engine has failed
     (Ray then replaces the replica)."""
 
-    async def __init__(self, args: Any, hub: Any) -> None:
-        from .serve_state import server_state
+    async def __init__(self, config: Any, hub: Any) -> None:
+        from sf_trt.entrypoints.serving import server_state
 
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.hub = hub
-        # Ray bounds what reaches a replica (max_ongoing_requests); the engine queues those
-        self.state, loader = server_state(args, max_queued=args.max_ongoing_requests, const_labels={"replica": self.replica})
+        self.state, loader = server_state(config, const_labels={"replica": self.replica})
         engine, tokenizer, max_context = await asyncio.to_thread(loader)
         self.state.engine, self.state.tokenizer, self.state.max_context = engine, tokenizer, max_context
         self.state.metrics_view = self._deployment_metrics
@@ -151,7 +150,12 @@ def deployment_options(args: Any) -> dict:
 
 
 def build_app(args: Any):
-    """The application ``sf-trt serve --ray`` runs: the engine deployment over the metrics hub."""
+    """The application ``sf-trt serve --ray`` runs: the engine deployment over the metrics hub.
+    Each replica receives the server's :class:`~sf_trt.entrypoints.serving.ServeConfig`, not the
+    flags; Ray bounds what reaches a replica (``max_ongoing_requests``), and its engine queues those."""
+    from .serve_state import serve_config
+
     hub = MetricsHub.bind()
-    return serve.deployment(SfTrtReplica).options(**deployment_options(args)).bind(args, hub)
+    config = serve_config(args, max_queued=args.max_ongoing_requests)
+    return serve.deployment(SfTrtReplica).options(**deployment_options(args)).bind(config, hub)
 

@@ -2,9 +2,9 @@
 
 ``add_serve_parsers(subparsers)`` registers ``serve`` and ``loadtest``; ``run_serve(args)``
 loads the model in the background (``/health`` answers 503 until it is ready),
-serves with uvicorn, and on SIGTERM or Ctrl+C stops admitting, lets running
-requests finish within ``--drain-timeout`` (then ends them with an error) and
-exits 0.
+serves with uvicorn (:mod:`sf_trt.serve.server`), and on SIGTERM or Ctrl+C stops
+admitting (new requests get 503 while it drains), lets running requests finish
+within ``--drain-timeout`` (then ends them with an error) and exits 0.
 """
 
 from __future__ import annotations
@@ -18,16 +18,20 @@ from typing import Any
 from .errors import CliError
 from .flags import add_model_flags, ranged
 from .serve_ray import add_ray_flags, resolve_ray_flags, run_serve_ray
-from .serve_state import FAKE_BACKEND, server_state
+from .serve_state import FAKE_BACKEND, serve_config
 
 __all__ = ["add_serve_parsers", "run_serve", "FAKE_BACKEND"]
 
 def add_serve_parsers(sub: Any) -> None:
     """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
+    from sf_trt.engine_loop import LoopConfig
+    from sf_trt.entrypoints.serving import ServeConfig
     from sf_trt.prefix_cache import DEFAULT_PREFIX_CACHE_MB
-    from sf_trt.scheduler import DRAFTERS, LoadAwareDrafting
+    from sf_trt.scheduler import DRAFTERS, SchedulerConfig
+    from sf_trt.serve.limits import DEFAULT_KEEP_ALIVE_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_BYTES, DEFAULT_READ_TIMEOUT_S
 
     speculate_choices = ("none", *DRAFTERS)
+    serving = SchedulerConfig.serving()
 
     p = sub.add_parser(
         "serve", help="an OpenAI-compatible server (completions, chat, streaming)",
@@ -43,19 +47,32 @@ def add_serve_parsers(sub: Any) -> None:
     g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model directory's name)")
     g.add_argument("--max-num-seqs", type=ranged(int, 1, 256, what="lanes in 1..256"), default=8,
                    help="lanes: requests decoded at once (default 8)")
-    g.add_argument("--max-queued-requests", type=ranged(int, 0, what="a queue length >= 0"), default=256,
-                   help="requests that may wait for a lane (with --ray: in each Ray proxy); more get 429 with Retry-After (default 256)")
+    g.add_argument("--max-queued-requests", type=ranged(int, 0, what="a queue length >= 0"), default=LoopConfig.max_queued,
+                   help="requests that may wait when every lane is busy (0: none wait; with --ray: in each Ray proxy); more get 429 "
+                   f"with Retry-After, and a batch larger than the lanes and this together a 400 (default {LoopConfig.max_queued})")
     g.add_argument("--drain-timeout", type=ranged(float, 0.0, what="seconds >= 0"), default=30.0,
-                   help="on SIGTERM: seconds running requests may take to finish before they end with an error (default 30)")
+                   help="on SIGTERM: seconds running requests may take to finish before they end with an error; new requests "
+                   "get 503 meanwhile (default 30)")
+    g.add_argument("--max-body-bytes", type=ranged(int, 1, what="bytes >= 1"), default=DEFAULT_MAX_BODY_BYTES,
+                   help=f"a larger request body is a 413, refused before it is read (default {DEFAULT_MAX_BODY_BYTES})")
+    g.add_argument("--max-prompt-bytes", type=ranged(int, 1, what="bytes >= 1"), default=DEFAULT_MAX_PROMPT_BYTES,
+                   help="a longer prompt text (chat: the messages' contents together) is a 400 PROMPT_TOO_LONG, refused before "
+                   f"it is tokenized (default {DEFAULT_MAX_PROMPT_BYTES})")
+    g.add_argument("--read-timeout", type=ranged(float, 0.1, what="seconds >= 0.1"), default=DEFAULT_READ_TIMEOUT_S,
+                   help="seconds a client has to send a request's line and headers (else the connection is closed), and then "
+                   f"its body (else 408) (default {DEFAULT_READ_TIMEOUT_S:g})")
+    g.add_argument("--keep-alive-timeout", type=ranged(float, 0.1, what="seconds >= 0.1"), default=DEFAULT_KEEP_ALIVE_S,
+                   help=f"an idle keep-alive connection is closed after this (default {DEFAULT_KEEP_ALIVE_S:g})")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
     s = p.add_argument_group("scheduling and speculation")
     s.add_argument("--speculate", choices=speculate_choices, default="prompt-lookup",
                    help="the default for requests that do not say (per request: \"sf_trt\": {\"speculate\": ...}); default prompt-lookup")
-    s.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=8,
-                   help="default most draft tokens per verify pass (per request: \"sf_trt\": {\"max_draft\": N}); default 8")
-    s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=8,
-                   help="tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default 8)")
-    policy = LoadAwareDrafting()
+    s.add_argument("--max-draft", type=ranged(int, 1, 256, what="a draft length in 1..256"), default=ServeConfig.max_draft,
+                   help="default most draft tokens per verify pass (per request: \"sf_trt\": {\"max_draft\": N}); "
+                   f"default {ServeConfig.max_draft}")
+    s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=serving.tick_tokens,
+                   help=f"tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default {serving.tick_tokens})")
+    policy = serving.policy
     s.add_argument("--spec-row-budget", type=ranged(int, 1, 4096, what="rows >= 1"), default=policy.row_budget,
                    help="load-aware drafting: rows per pass speculation may fill; each of B lanes drafts at most "
                    f"budget // B - 1 tokens (default {policy.row_budget}; docs/serving.md)")
@@ -66,17 +83,14 @@ def add_serve_parsers(sub: Any) -> None:
     s.add_argument("--spec-min-acceptance", type=ranged(float, 0.0, 1.0, what="a rate in [0, 1]"), default=policy.min_acceptance,
                    help="load-aware drafting: lanes whose recent drafts are accepted less often than this, or than a draft row "
                    f"costs at the batch size, send none (default {policy.min_acceptance})")
-    s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=512,
-                   help="prompt tokens prefilled per tick across lanes, beside the decoding lanes (default 512)")
+    s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=serving.prefill_budget,
+                   help=f"prompt tokens prefilled per tick across lanes, beside the decoding lanes (default {serving.prefill_budget})")
     s.add_argument("--prefix-cache-mb", type=ranged(int, 0, what="MiB >= 0"), default=DEFAULT_PREFIX_CACHE_MB,
                    help="MiB of model state kept for prompt prefixes of earlier and running requests, shared only within one `user` (exact: a "
                    "request that starts from a cached prefix emits what it would without it; least recently used out "
                    f"first; 0: off; backends that cannot hold it, TensorRT, run without; default {DEFAULT_PREFIX_CACHE_MB})")
-    add_model_flags(p)
+    add_model_flags(p, {FAKE_BACKEND: "the copy-model fake with a byte tokenizer (tests and demos, no model)"})
     add_ray_flags(p)
-    backend = next(a for a in p._actions if a.dest == "backend")
-    backend.choices = (*backend.choices, FAKE_BACKEND)
-    backend.help += f"; {FAKE_BACKEND}: the copy-model fake with a byte tokenizer (tests and demos, no model)"
     p.add_argument_group("model").add_argument(
         "--fake-pass-ms", type=ranged(float, 0.0, 10_000.0, what="milliseconds in 0..10000"), default=0.0,
         help=f"with --backend {FAKE_BACKEND}: each forward pass also takes this long, a model's pace for scaling demos "
@@ -90,26 +104,15 @@ def add_serve_parsers(sub: Any) -> None:
 
 def build_server(args):
     """``(uvicorn server, state)`` for ``args``; the model loads when the server starts."""
-    import uvicorn
-
+    from sf_trt.entrypoints.serving import server_state
     from sf_trt.serve.app import create_app
+    from sf_trt.serve.server import DrainingServer, uvicorn_config
 
-    state, loader = server_state(args)
-
-    class DrainingServer(uvicorn.Server):
-        """uvicorn's server, draining the engine before it waits for connections to close."""
-
-        async def shutdown(self, sockets=None) -> None:
-            if state.engine is not None:
-                state.engine.drain(state.drain_timeout_s)
-            await super().shutdown(sockets)
-
+    state, loader = server_state(serve_config(args))
     app = create_app(state, loader)
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout + 5,
-        lifespan="on",
-    )
-    return DrainingServer(config), state
+    config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level, read_timeout_s=args.read_timeout,
+                            keep_alive_s=args.keep_alive_timeout, graceful_s=args.drain_timeout + 5)
+    return DrainingServer(config, state), state
 
 
 def run_serve(args) -> int:

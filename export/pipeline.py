@@ -23,8 +23,9 @@ from typing import Any, Callable
 
 from sf_trt.formats.files import check_writable_dir, removed_on_signal, replace_dir, sha256_file, sweep_stale, temp_path
 from sf_trt.formats.model_dir import (
-    CONFIG_FILE, DATA_FILE, DEFAULT_PRECISION, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, PASS_GRAPH_FILE, PRECISIONS,
-    VERIFY_FILE, WEIGHT_DTYPES, LlamaConfig, ModelDir, ModelDirError, config_digest, graph_facts, graph_precision,
+    CONFIG_FILE, DATA_FILE, DEFAULT_PRECISION, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, INPUTS, OUTPUTS, PADDING_POSITION,
+    PASS_GRAPH_FILE, PRECISIONS,
+    VERIFY_FILE, WEIGHT_DTYPES, LlamaConfig, ModelDir, ModelDirError, config_digest, graph_precision,
     made_by_export,
 )
 from sf_trt.models import DEFAULT_MODEL, cache_lock, default_gguf_path, export_dir
@@ -33,7 +34,7 @@ from sf_trt.models import DEFAULT_MODEL, cache_lock, default_gguf_path, export_d
 # onnx and the graph builders are imported by the functions that build: finding an
 # exported model (default_model_dir's usual path) imports neither (docs/benchmarks.md:
 # onnx alone is ~20 MB of a generate's peak RSS)
-__all__ = ["default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "OutDirError"]
+__all__ = ["default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "graph_facts", "OutDirError"]
 
 
 class OutDirError(ModelDirError):
@@ -229,3 +230,22 @@ def _write_dir_atomically(out: Path, fill: Callable[[Path], None]) -> Path:
             os.chmod(p, 0o666 & ~umask)
         replace_dir(tmp, out)
     return out
+
+
+def graph_facts(cfg: LlamaConfig, precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
+    """What ``config.json["graph"]`` records about the decoder graphs."""
+    from sf_trt.graphs.builder import OPSET  # imports onnx: only when a model directory is written
+
+    cache_type = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
+    return {
+        "opset": OPSET,
+        "graphs": {GRAPH_FILE: "slots", PASS_GRAPH_FILE: "pass"},
+        "inputs": list(INPUTS) + ["past_key_{i}", "past_value_{i}"],
+        "outputs": list(OUTPUTS),
+        "cache_layout": f"[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] {cache_type}; position max_context is the trash slot",
+        "new_kv_layout": f"[n_layers, 2 (key, value), batch, rows_per_lane, n_kv_heads, head_dim] {cache_type}",
+        "padding_position": PADDING_POSITION,
+        "rope": "interleaved pairs (GGUF q/k row order)",
+        "max_positions": cfg.context_length,
+        "dynamic_dims": ["batch", "rows_per_lane", "logit_rows", "max_lanes", "cache_len"],
+    }

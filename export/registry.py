@@ -26,6 +26,12 @@ def _logprobs() -> onnx.ModelProto:
     return build_logprobs_graph(vocab=500)
 
 
+def _adjust() -> onnx.ModelProto:
+    from sf_trt.graphs.adjust import build_adjust_graph
+
+    return build_adjust_graph(vocab=500)
+
+
 def _copy_model() -> onnx.ModelProto:
     from sf_trt.graphs.copy_model import build_copy_graph
 
@@ -43,6 +49,7 @@ def _decoder() -> onnx.ModelProto:
 GRAPHS: dict[str, Callable[[], onnx.ModelProto]] = {
     "verify": _verify,
     "logprobs": _logprobs,
+    "adjust": _adjust,
     "copy_model": _copy_model,
     "decoder": _decoder,
 }
@@ -50,6 +57,7 @@ GRAPHS: dict[str, Callable[[], onnx.ModelProto]] = {
 BUILDERS: dict[str, str] = {
     "verify": "sf_trt.graphs.verify",
     "logprobs": "sf_trt.graphs.logprobs",
+    "adjust": "sf_trt.graphs.adjust",
     "copy_model": "sf_trt.graphs.copy_model",
     "decoder": "sf_trt.export.decoder_graph",
 }

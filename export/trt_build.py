@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Iterable
 
 from sf_trt.backends.tensorrt.errors import TensorRTUnavailable
-from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt, trt_dtype_name
+from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt, start_tensorrt, trt_dtype_name
 from sf_trt.formats.files import sha256_file
 from sf_trt.formats.manifest import BuildSettings, EngineManifest, write_manifest
 from sf_trt.formats.model_dir import graph_precision
 from sf_trt.formats.shapes import IOTensor, Profile, ShapeError, load_graph, onnx_io, profile_of
 
-from .trt_config import BuildConfig, BuildError, build_settings, graph_kind
+from .trt_config import OPTIONAL_FLAGS, BuildConfig, BuildError, build_settings, graph_kind
 from .trt_support import DEFAULT_MAX_OPSET, check_graph, errors_in, format_findings
 
-__all__ = ["GraphToBuild", "graph_to_build", "build_engine", "serialize_engine"]
+__all__ = ["GraphToBuild", "graph_to_build", "build_engine", "serialize_engine", "settings_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,7 @@ def build_engine(
         cc, gpu_name = device_info()
     except TensorRTUnavailable as exc:
         raise BuildError(str(exc)) from None
-    settings = build_settings(graph.kind, graph.precision, graph.io, cfg.limits, trt.__version__, workspace_bytes=cfg.workspace_bytes)
+    settings = settings_for(trt, build_settings(graph.kind, graph.precision, graph.io, cfg.limits, trt.__version__, workspace_bytes=cfg.workspace_bytes))
     log(f"building {name} ({settings.kind}, {settings.precision}, shapes {dict(settings.profiles[0].max_dims())}) from {onnx_path} ...")
     serialized = serialize_engine(trt, onnx_path, settings, timing_cache=cfg.timing_cache)
     out = Path(out_dir)
@@ -139,15 +139,24 @@ def build_engine(
     return entry
 
 
+def settings_for(trt, settings: BuildSettings) -> BuildSettings:
+    """``settings`` as this TensorRT can apply them: an optional flag
+    (:data:`~.trt_config.OPTIONAL_FLAGS`) its ``trt.BuilderFlag`` lacks is left out, so
+    the manifest (which records the settings) says whether it was set."""
+    have = [f for f in settings.builder_flags_set if f not in OPTIONAL_FLAGS or getattr(trt.BuilderFlag, f, None) is not None]
+    return dataclasses.replace(settings, builder_flags_set=tuple(have))
+
+
 def serialize_engine(trt, onnx_path: str | os.PathLike, settings: BuildSettings, *, timing_cache: str | None = None) -> bytes:
     """The engine TensorRT builds from the ONNX file at ``onnx_path`` exactly as ``settings``
     say, serialized; the timing cache (if given) read before and written after. Runs no check
     of its own: :func:`build_engine` checks the graph first."""
     onnx_path = Path(onnx_path)
     logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    if not builder:
-        raise BuildError("trt.Builder could not be created (is a GPU visible to TensorRT?)")
+    try:
+        builder = start_tensorrt(trt, "Builder", logger)
+    except TensorRTUnavailable as exc:
+        raise BuildError(str(exc)) from None
     network, parser = _parse(trt, builder, logger, onnx_path, settings)  # the parser owns the weights: keep it alive
     config = _builder_config(trt, builder, settings, timing_cache)
     serialized = _call(lambda: builder.build_serialized_network(network, config), f"{onnx_path}: build_serialized_network")
@@ -223,7 +232,11 @@ def _builder_config(trt, builder, settings: BuildSettings, timing_cache: str | N
 
 def _engine_io(trt, logger, engine_path: Path, io: tuple[IOTensor, ...]) -> tuple[IOTensor, ...]:
     """The engine's I/O as TensorRT sees it (names, dtypes), shapes with the graph's dim names."""
-    engine = _call(lambda: trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes()), f"{engine_path}: deserialize_cuda_engine")
+    try:
+        runtime = start_tensorrt(trt, "Runtime", logger)
+    except TensorRTUnavailable as exc:
+        raise BuildError(str(exc)) from None
+    engine = _call(lambda: runtime.deserialize_cuda_engine(engine_path.read_bytes()), f"{engine_path}: deserialize_cuda_engine")
     if engine is None:
         raise BuildError(f"{engine_path}: the engine just built does not deserialize")
     onnx_shapes = {t.name: t.shape for t in io}

@@ -17,6 +17,11 @@ applies and the manifest records. It needs no TensorRT, so it is tested on any C
 * **one fixed profile** (min = opt = max) from the graph's named dims and the
   shapes (:func:`sf_trt.formats.shapes.profile_of`): rows bit-identical however a
   pass is packed (docs/tensorrt.md).
+* **distributive independence.** ``DISTRIBUTIVE_INDEPENDENCE`` (TensorRT 10.12+, 11.x)
+  asks for identical results across a distributive axis (a batch of identical rows
+  must give identical outputs: NVIDIA/TensorRT#4796 and #4853 report otherwise).
+  Asked for on every engine; :func:`sf_trt.export.trt_build.build_engine` sets it by
+  name where the installed TensorRT has it and records in the manifest whether it did.
 * flags by **name**, never by value: TensorRT renumbered its enums between 10 and 11.
 """
 
@@ -32,7 +37,8 @@ from sf_trt.formats.model_dir import PRECISIONS
 from sf_trt.formats.shapes import IOTensor, ShapeError, ShapeLimits, profile_of
 
 __all__ = [
-    "BuildError", "BuildConfig", "DEFAULT_MAX_OPSET", "PRECISIONS", "GRAPH_KINDS", "EXACT_KINDS", "graph_kind", "build_settings",
+    "BuildError", "BuildConfig", "DEFAULT_MAX_OPSET", "PRECISIONS", "GRAPH_KINDS", "EXACT_KINDS", "OPTIONAL_FLAGS",
+    "graph_kind", "build_settings",
 ]
 
 DEFAULT_MAX_OPSET = 20
@@ -44,6 +50,11 @@ GRAPH_KINDS = ("decoder", "verify", "copy_model", "graph")
 EXACT_KINDS = frozenset({"verify", "copy_model"})
 """Kinds built from fp32 graphs only: the verify-and-sample graph decides tokens (top-p
 sums, Gumbel argmax); the copy model's logits are exact by design."""
+
+
+OPTIONAL_FLAGS = ("DISTRIBUTIVE_INDEPENDENCE",)
+"""Builder flags set where the installed TensorRT has them and left out (the manifest then
+says so) where it does not; any other flag the settings name must exist."""
 
 
 class BuildError(Exception):
@@ -112,7 +123,8 @@ def build_settings(
         tensorrt_version=str(tensorrt_version),
         # 10.x: weakly typed unless asked; 11.x: always strongly typed, the flag deprecated and ignored
         network_flags=("STRONGLY_TYPED",) if major == 10 else (),
-        builder_flags_set=(),  # precision is the graph's: no FP16/BF16 flags (11 has none)
+        # precision is the graph's: no FP16/BF16 flags (11 has none); rows of a batch computed alike
+        builder_flags_set=OPTIONAL_FLAGS,
         builder_flags_cleared=("TF32",),  # on by default; fp32 is fp32
         memory_pools=(("WORKSPACE", int(workspace_bytes)),),
         profiles=(profile,),

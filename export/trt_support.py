@@ -29,9 +29,13 @@ Sources (cited per entry below as [M], [I], [D], [C]):
   warning here), UINT8 is allowed only as a network input or output, and
   INT8/INT4/FP8/FP4 only through Q/DQ quantization.
 * [C] Conservative choices of this module, stricter than the newest parser so
-  that a graph passing here parses on every TensorRT 10.x: opset <= 20 by
-  default (the 10.0 range), TopK's K a build-time constant (the 3840 bound
-  cannot be checked otherwise, and TensorRT 8.x-9.x required an initializer).
+  that a graph passing here parses on every supported TensorRT (10.12 to 11.x; the
+  floor sits above 10.0/10.1, whose parsers took less than this table says): opset
+  <= 20 by default (the 10.0 range), TopK's K a build-time constant (the 3840 bound
+  cannot be checked otherwise, and TensorRT 8.x-9.x required an initializer); no
+  shape computed from an input's values (every engine takes one fixed shape);
+  onnxruntime's contrib ops (a q4 export's ``MatMulNBits``) refused with what to
+  export instead.
 
 The table is data: a graph that uses an op missing from it is refused with
 "not in the table", never waved through. Keep entries sourced when adding one.
@@ -60,6 +64,9 @@ __all__ = [
     "OpRule",
     "OP_RULES",
     "UNSUPPORTED_OPS",
+    "ONNXRUNTIME_ONLY",
+    "SHAPE_INPUTS",
+    "VALUE_SHAPED_OPS",
     "DEFAULT_MAX_OPSET",
     "MIN_OPSET",
     "TOPK_MAX_K",
@@ -449,6 +456,16 @@ UNSUPPORTED_OPS: dict[str, str] = {
 }
 
 
+ONNXRUNTIME_ONLY: dict[tuple[str, str], tuple[str, str]] = {
+    ("com.microsoft", "MatMulNBits"): (
+        "onnxruntime-only (MatMulNBits is a contrib op); export int8, fp16 or bf16 for TensorRT",
+        "a default-domain MatMul: `sf-trt export --weights int8` (or `--weights float32 --precision fp16|bf16`); "
+        "a q4 model directory runs on onnxruntime only",
+    ),
+}
+"""Contrib ops sf-trt export writes for onnxruntime alone, and what to export for TensorRT instead."""
+
+
 def _fmt_types(types: Iterable[str]) -> str:
     order = ["FP32", "FP16", "BF16", "INT32", "INT64", "BOOL", "UINT8", "INT8", "FP8", "INT4", "FP4"]
     ts = set(types)
@@ -636,6 +653,9 @@ def _check_node(
     if node.domain not in _DEFAULT_DOMAINS:
         if node.op_type in plugins:
             return []
+        if (node.domain, node.op_type) in ONNXRUNTIME_ONLY:
+            problem, expected = ONNXRUNTIME_ONLY[(node.domain, node.op_type)]
+            return [finding(problem, expected)]
         return [
             finding(
                 f"op from domain {node.domain!r}, which TensorRT's parser has no importer for",
@@ -722,8 +742,69 @@ def check_graph(
     functions = {(f.domain, f.name): f for f in work.functions}
     _walk_graph(work.graph, _Scope({}, {}, {}, set()), "main", opset, plugin_set, functions, findings)
     findings.extend(_unused_inputs(model))
+    findings.extend(_data_dependent_shapes(model))
     findings.extend(_exactness_findings(model))
     return findings
+
+
+# -- shapes that depend on values -------------------------------------------------------------
+
+SHAPE_INPUTS: dict[str, dict[int, str]] = {
+    "Range": {0: "start", 1: "limit", 2: "delta"},
+    "Reshape": {1: "shape"}, "Expand": {1: "shape"}, "Tile": {1: "repeats"}, "ConstantOfShape": {0: "input"},
+    "Slice": {1: "starts", 2: "ends", 3: "axes", 4: "steps"}, "Pad": {1: "pads", 3: "axes"},
+    "Resize": {2: "scales", 3: "sizes"}, "Upsample": {1: "scales"}, "OneHot": {1: "depth"}, "TopK": {1: "K"},
+    "Split": {1: "split"}, "Squeeze": {1: "axes"}, "Unsqueeze": {1: "axes"}, "CenterCropPad": {1: "shape"},
+    "Loop": {0: "M", 1: "cond"},
+    **{op: {1: "axes"} for op in (
+        "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
+        "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare",
+    )},
+}
+"""[C] Inputs that size an op's output: computed from the values of a graph input, they make the
+engine's shapes depend on data, which one fixed profile cannot hold."""
+VALUE_SHAPED_OPS = frozenset({"NonZero", "Compress", "Unique", "NonMaxSuppression"})
+"""[C] Ops whose output size is the count of something in their input's values."""
+_SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+"""Ops whose outputs depend on their input's shape, not its values."""
+
+_DATA_DEPENDENT_EXPECTED = (
+    "every dim fixed by the engine's one profile, sized by input shapes or constants, not values "
+    "(decoder_pass.onnx sizes its key extent from `positions`: it is onnxruntime's; TensorRT builds decoder.onnx)"
+)
+
+
+def _data_dependent_shapes(model: onnx.ModelProto) -> list[Finding]:
+    """[C] Nodes whose output shape depends on the values of graph inputs: a size-giving input
+    (:data:`SHAPE_INPUTS`) computed from an input's values (through anything but ``Shape`` /
+    ``Size``), or an op whose output size counts values (:data:`VALUE_SHAPED_OPS`)."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    sources: dict[str, frozenset[str]] = {vi.name: frozenset([vi.name]) for vi in graph.input if vi.name not in inits}
+    first: dict[str, tuple[str, str, str, frozenset[str]]] = {}  # size-giving tensor -> its first node
+    also: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        name = node.name or f"#{index}"
+        from_values = frozenset().union(*(sources.get(i, frozenset()) for i in node.input if i))
+        if node.op_type in VALUE_SHAPED_OPS and from_values:
+            first.setdefault(f"{name}/output", (name, node.op_type, "its output size counts the values of", from_values))
+        for i, arg in SHAPE_INPUTS.get(node.op_type, {}).items():
+            tensor = node.input[i] if i < len(node.input) else ""
+            if tensor and sources.get(tensor):
+                if tensor in first:
+                    also[tensor] = also.get(tensor, 0) + 1
+                else:
+                    first[tensor] = (name, node.op_type, f"input {arg} ({tensor!r}) is computed from the values of", sources[tensor])
+        if node.op_type not in _SHAPE_ONLY_OPS and from_values:
+            sources.update({o: from_values for o in node.output if o})
+    return [
+        Finding(
+            "main", name, op, f"{what} graph input(s) {sorted(inputs)}, so the shapes after it depend on data"
+            + (f" (the same tensor sizes {also[tensor]} more node(s))" if also.get(tensor) else ""),
+            _DATA_DEPENDENT_EXPECTED,
+        )
+        for tensor, (name, op, what, inputs) in first.items()
+    ]
 
 
 def _used_names(graph: onnx.GraphProto) -> set[str]:

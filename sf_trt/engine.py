@@ -15,17 +15,17 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 
-from .abi import Finish, Sampling, SamplingParams, Status, StatusError
-from .drafting.suffix import DEFAULT_SCOPE
+from .abi import TOP_LOGPROBS_MAX, Finish, Sampling, SamplingParams, Status, StatusError
 
 __all__ = [
-    "TOP_LOGPROBS_MAX", "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
+    "TOP_LOGPROBS_MAX", "DEFAULT_SCOPE", "Admit", "Prefill", "Decode", "Release", "Op", "Plan",
     "TokenRef", "TokenRing", "SpecCounts", "TokenLogprobs", "Emit", "Events",
 ]
 
 
-TOP_LOGPROBS_MAX = 20
-"""The most alternatives a token's logprobs report (OpenAI's ``top_logprobs`` limit)."""
+DEFAULT_SCOPE = ""
+"""The draft scope of lanes that name none (``Admit.draft_scope``): requests of one local
+user share a corpus (:mod:`sf_trt.drafting.suffix`)."""
 
 
 # -- plans -----------------------------------------------------------------------
@@ -52,6 +52,11 @@ class Admit:
     """Start the lane from the first ``cached_len`` positions of its prompt as the
     prefix cache holds them (at most ``Executor.cached_prefix(prompt, draft_scope)``);
     its prefill then starts there. 0: prefill it all."""
+    prompt_logprobs: Optional[int] = None
+    """Report the logprob of each prompt token after the first, from the prefill's own
+    rows, and its ``prompt_logprobs`` most likely alternatives (0..:data:`TOP_LOGPROBS_MAX`;
+    needs a backend with verify rows); None: none. Each emit carries the prompt tokens
+    its tick prefilled (:attr:`Emit.prompt_logprobs`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +103,11 @@ class Plan:
         logprobs: Optional[int] = None,
         draft_scope: Optional[str] = DEFAULT_SCOPE,
         cached_len: int = 0,
+        prompt_logprobs: Optional[int] = None,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope, cached_len))
+        self.ops.append(
+            Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope, cached_len, prompt_logprobs)
+        )
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":
@@ -226,6 +234,9 @@ class Emit:
     keeps the finish it had; see :class:`~sf_trt.executor.Executor`)."""
     logprobs: Optional[TokenLogprobs] = None
     """For a lane admitted with ``logprobs``: one entry per token behind ``token_ref``."""
+    prompt_logprobs: Optional[TokenLogprobs] = None
+    """For a lane admitted with ``prompt_logprobs``: one entry per prompt token this tick's
+    prefill scored, in order (prompt tokens 1, 2, ... over the ticks; token 0 has none)."""
 
 
 class Events:

@@ -29,10 +29,10 @@ import time
 from typing import Any, AsyncIterator, Iterator, Optional, Protocol
 
 from .abi import Finish
-from .engine import TokenLogprobs
 from .executor import Executor, ExecutorConfig, check_prompt
+from .outputs import RequestOutput
 from .primitives import PrimitivesBase
-from .scheduler import FINISH_ERROR, DraftPolicy, Request, Scheduler, Update
+from .scheduler import Request, Scheduler, SchedulerConfig, Update
 
 __all__ = ["SHUTDOWN_ERROR", "LoopConfig", "Output", "RequestStream", "EngineLoop", "LoopObserver", "Overloaded", "NotServing"]
 
@@ -57,58 +57,27 @@ class NotServing(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-    """How the engine loop schedules (see :class:`~sf_trt.scheduler.Scheduler`).
+    """How the engine loop runs.
 
-    ``max_queued``: requests that may wait for a lane (more are refused with
-    :class:`Overloaded`); ``tick_tokens``: tokens each decoding lane is asked for per
-    tick (smaller: tokens reach clients sooner; larger: fewer ticks);
-    ``prefill_chunk`` / ``prefill_budget``: prompt tokens per lane / per tick;
-    ``policy``: the drafting policy (default :class:`LoadAwareDrafting`).
+    ``max_queued``: requests that may wait with no free lane for them (more are
+    refused with :class:`Overloaded`; 0: none wait, a request is taken only when a
+    lane is free for it); ``scheduler``: how the scheduler runs (default
+    :meth:`SchedulerConfig.serving`, the serving profile); ``executor``: the
+    Executor's configuration.
     """
 
     max_queued: int = 256
-    tick_tokens: int = 8
-    prefill_chunk: int = 256
-    prefill_budget: int = 512
-    draft_config: Any = None
-    policy: Optional[DraftPolicy] = None
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig.serving)
     executor: ExecutorConfig = ExecutorConfig()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.max_queued, bool) or not isinstance(self.max_queued, int) or self.max_queued < 0:
+            raise ValueError(f"LoopConfig: max_queued must be an int >= 0 (got {self.max_queued!r})")
 
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """What one tick added to one request. The last output of a stream has
-    ``finish != Finish.NONE``; counts and times are the request's so far."""
 
-    tokens: list[int]
-    text: Optional[str]
-    logprobs: Optional[TokenLogprobs]
-    finish: Finish
-    stop_reason: Optional[str | int]
-    error: Optional[str]
-    prompt_tokens: int
-    completion_tokens: int
-    proposed: int
-    accepted: int
-    drafts: int
-    arrival: float
-    first_token_at: Optional[float]
-    finished_at: Optional[float]
-    cached_tokens: Optional[int] = None
-    """Prompt tokens taken from the prefix cache, not prefilled (None: the engine keeps no prefix cache)."""
-
-    @property
-    def finished(self) -> bool:
-        return self.finish != Finish.NONE
-
-    @staticmethod
-    def of(update: Update) -> "Output":
-        s = update.seq
-        return Output(
-            list(update.tokens), update.text, update.logprobs, s.finish if update.finished else Finish.NONE, s.stop_reason,
-            s.error, s.prompt_len, len(s.tokens), s.proposed, s.accepted, s.drafts, s.arrival, s.first_token_at, s.finished_at,
-            s.cached_len,
-        )
+Output = RequestOutput
+"""What a :class:`RequestStream` yields: the one outward record, as deltas (one per
+step that changed the request; the last has ``finish != Finish.NONE``)."""
 
 
 class LoopObserver(Protocol):
@@ -175,19 +144,13 @@ class EngineLoop:
         config: LoopConfig = LoopConfig(),
         observer: Optional[LoopObserver] = None,
     ) -> None:
-        if config.max_queued < 0:
-            raise ValueError(f"LoopConfig: max_queued must be >= 0 (got {config.max_queued})")
         self.config = config
         self.primitives = primitives
         self.caps = primitives.capabilities
         self.tokenizer = tokenizer
         self.observer = observer
         self.executor = Executor(primitives, config.executor)
-        self.scheduler = Scheduler(
-            self.executor, tick_tokens=config.tick_tokens, prefill_chunk=config.prefill_chunk,
-            prefill_budget=config.prefill_budget, draft_config=config.draft_config,
-            policy=config.policy, tokenizer=tokenizer,
-        )
+        self.scheduler = Scheduler(self.executor, config.scheduler, tokenizer=tokenizer)
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
         self._streams: dict[int, RequestStream] = {}  # seq id -> stream, while live
@@ -212,24 +175,51 @@ class EngineLoop:
         return self._waiting
 
     @property
+    def num_lanes(self) -> int:
+        """Lane slots that can take a request (those quarantined after a failed release hold none)."""
+        return self.caps.max_lanes - len(self.executor.quarantined)
+
+    @property
+    def capacity(self) -> int:
+        """The most requests the loop holds at once: a lane each, plus ``max_queued`` waiting.
+        A batch of more requests than this can never be taken whole."""
+        return self.num_lanes + self.config.max_queued
+
+    @property
+    def started(self) -> bool:
+        """:meth:`start` was called."""
+        return self._thread is not None
+
+    @property
     def serving(self) -> bool:
         """Taking requests: started, not draining, not failed."""
         return self._thread is not None and self._thread.is_alive() and not self._draining and self.failure is None
+
+    @property
+    def unavailable(self) -> Optional[str]:
+        """Why the loop takes no new requests (draining, failed, not started); None while it serves."""
+        return None if self.serving else self._not_serving_reason()
 
     def check(self, request: Request) -> None:
         """Refuse (StatusError) a request the loop cannot run; what :meth:`submit` checks."""
         check_prompt(request.prompt_ids, self.caps)
         self.scheduler.check(request)  # reads only the capabilities and the tokenizer
 
-    def submit(self, request: Request, request_id: Optional[str] = None) -> RequestStream:
+    def submit(self, request: Request, request_id: Optional[str] = None, *, checked: bool = False) -> RequestStream:
         """Queue ``request``; its stream. Raises StatusError (a bad request),
-        :class:`Overloaded` (the queue is full) or :class:`NotServing`."""
-        self.check(request)
+        :class:`Overloaded` (the queue is full) or :class:`NotServing`. A request is
+        checked once, here at the door (:meth:`check`), or before by the caller
+        (``checked=True``: the server checks every choice of a job before it submits
+        any); the loop thread queues it without checking it again."""
+        if not checked:
+            self.check(request)
         with self._cond:
             if not self.serving:
                 raise NotServing(self._not_serving_reason())
-            if self._waiting >= self.config.max_queued:
-                raise Overloaded(f"{self._waiting} requests are waiting for a lane (--max-queued-requests {self.config.max_queued})")
+            # the requests already here that no free lane awaits; this one would join them
+            queued = self._waiting + self._running - self.num_lanes
+            if queued >= self.config.max_queued:
+                raise Overloaded(f"{queued} requests are waiting for a lane (--max-queued-requests {self.config.max_queued})")
             seq_id = next(self._seq_ids) % 2**32
             request_id = request_id or f"req-{seq_id}"
             if request_id in self._ids:
@@ -323,7 +313,7 @@ class EngineLoop:
             if kind == "add":
                 request, seq_id, arrival = arg
                 try:
-                    self.scheduler.add(request, seq_id, arrival)
+                    self.scheduler.add(request, seq_id, arrival, checked=True)
                 except Exception as exc:  # noqa: BLE001 - checked at submit; anything left ends this request only
                     updates.append(self._refused(seq_id, f"{type(exc).__name__}: {exc}"))
             else:
@@ -345,13 +335,13 @@ class EngineLoop:
     def _refused(self, seq_id: int, error: str) -> tuple[int, Output]:
         """The one output of a request that never reached the scheduler."""
         now = time.perf_counter()
-        return seq_id, Output([], None, None, FINISH_ERROR, None, error, 0, 0, 0, 0, 0, now, None, now)
+        return seq_id, RequestOutput(seq_id, [], None, None, Finish.ERROR, None, error, 0, 0, arrival=now, finished_at=now)
 
     def _deliver(self, updates: list) -> None:
         """Hand outputs to their streams (and the observer): scheduler updates or
         ``(seq_id, Output)`` pairs."""
         for item in updates:
-            seq_id, out = item if isinstance(item, tuple) else (item.seq.seq_id, Output.of(item))
+            seq_id, out = item if isinstance(item, tuple) else (item.seq.seq_id, item.seq.output(item))
             if self.observer is not None:
                 try:
                     self.observer.on_output(out)
@@ -385,7 +375,7 @@ class EngineLoop:
         updates = []
         sched = self.scheduler
         for seq in list(sched.waiting) + list(sched.running.values()):
-            updates.append(seq.end(FINISH_ERROR, time.perf_counter(), error))
+            updates.append(seq.end(Finish.ERROR, time.perf_counter(), error))
         sched.waiting.clear()
         sched.running.clear()
         with self._cond:

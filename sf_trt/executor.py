@@ -28,8 +28,10 @@ Accept and roll back, one lane, draft of k = 4, the first 2 taken::
 
 The token at each position is drawn from the same logits row (rows are
 bit-identical however a pass is packed) with the same RNG key (the lane's
-``rng_counter_base`` and the position), so a step emits exactly what the same
-number of plain steps would have emitted.
+``rng_counter_base`` and the position) and the same logit adjustments (penalties,
+bias, ``min_tokens``: from the tokens before the position, draft tokens included;
+:mod:`sf_trt.penalties`), so a step emits exactly what the same number of plain
+steps would have emitted.
 
 Backend faults. A refused plan raises :class:`StatusError` before anything runs
 and changes nothing. Once a plan is accepted, ``tick`` does not raise for what
@@ -72,6 +74,7 @@ import numpy as np
 from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from .drafting import Drafter
 from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
+from .penalties import LanePenalties, pack
 from .prefix_cache import CachedBlock, PrefixCache
 from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
@@ -177,6 +180,10 @@ class _Lane:
     """The tenant scope (``Admit.draft_scope``): whose cached prefixes the lane shares."""
     prefix: list[CachedBlock] = dataclasses.field(default_factory=list)
     """The chain of cached blocks holding the lane's first positions, pinned while it lives."""
+    penalties: Optional[LanePenalties] = None
+    """The lane's logit-adjustment books; None when its params adjust nothing."""
+    prompt_logprobs: Optional[int] = None
+    """Alternatives per prompt token its prefill reports (None: no prompt logprobs)."""
 
     @property
     def emitted_len(self) -> int:
@@ -215,6 +222,7 @@ class _TickOut:
     drafts: int = 0
     max_draft: Optional[int] = None
     logprobs: list[TokenLogprobs] = dataclasses.field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = dataclasses.field(default_factory=list)
 
 
 class Executor:
@@ -238,7 +246,6 @@ class Executor:
         self._grants: dict[int, Grant] = {}
         self._quarantined: dict[int, str] = {}  # slot -> why its release failed
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
-        self._logprobs_runner = None  # an OrtLogprobs, made when a lane first asks for logprobs
         self.prefix_cache: Optional[PrefixCache] = None
         if config.prefix_cache_mb:
             if caps.state_bytes_per_token <= 0:
@@ -342,7 +349,7 @@ class Executor:
         out = {lane: _TickOut(max_draft=checked.max_drafts.get(lane)) for lane in checked.touched}
         for op in checked.admits:
             self._admit(op)
-        self._prefill(checked.prefills)
+        self._prefill(checked.prefills, out)
         self._decode({self._lanes[lane]: n for lane, n in checked.decodes.items()}, out)
         for lane in checked.releases:
             if self._lanes[lane].finish == Finish.NONE:
@@ -464,7 +471,7 @@ class Executor:
             raise StatusError(Status.REJECT_ILLEGAL_COMBINATION, f"{name}: strategy slot {op.strategy_slot} is not certified for {mode.name}")
         if not isinstance(op.params, SamplingParams):
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: params must be a SamplingParams (got {type(op.params).__name__})")
-        why = op.params.check_for(mode, top_k_limit=self.caps.top_k_limit)
+        why = op.params.check_for(mode, top_k_limit=self.caps.top_k_limit, vocab=self.caps.vocab)
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
         base = op.rng_counter_base
@@ -473,10 +480,25 @@ class Executor:
         lp = op.logprobs
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= TOP_LOGPROBS_MAX):
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {lp!r})")
+        if lp is not None and not self.caps.logprobs:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: this backend does not report logprobs (asked for {lp})")
+        plp = op.prompt_logprobs
+        if plp is not None and (not _is_int(plp) or not 0 <= plp <= TOP_LOGPROBS_MAX):
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: prompt_logprobs must be None or an int in 0..{TOP_LOGPROBS_MAX} (got {plp!r})")
+        if plp is not None and not self.caps.verify_rows:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: prompt_logprobs needs logit rows at every prefill position (this backend has no verify rows)")
+        if plp is not None and not self.caps.logprobs:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: this backend does not report logprobs (asked for prompt_logprobs {plp})")
         check_draft_scope(op.draft_scope, name)
         cached = op.cached_len
         if not _is_int(cached) or cached < 0:
             raise StatusError(Status.BAD_ARGUMENT, f"{name}: cached_len must be an int >= 0 (got {cached!r})")
+        if cached and plp is not None:
+            raise StatusError(
+                Status.BAD_ARGUMENT,
+                f"{name}: prompt_logprobs {plp} scores every prompt position in the prefill, and cached_len {cached} skips "
+                "the first of them (admit it with cached_len=0)",
+            )
         if cached:
             held = self.cached_prefix(op.prompt, op.draft_scope)
             if cached > held or cached % self.prefix_cache.block_tokens:
@@ -497,6 +519,8 @@ class Executor:
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
             params=op.params, rng_counter_base=int(op.rng_counter_base), grant=grant, drafter=drafter, tokens=tokens,
             logprobs=None if op.logprobs is None else int(op.logprobs), scope=op.draft_scope,
+            penalties=LanePenalties(op.params, tokens, self.caps.eos) if op.params.adjusts_logits else None,
+            prompt_logprobs=None if op.prompt_logprobs is None else int(op.prompt_logprobs),
         )
         cache = self.prefix_cache
         if cache is None:
@@ -521,11 +545,13 @@ class Executor:
         block_bytes = self.prefix_cache.block_tokens * self.caps.state_bytes_per_token
         lane.prefix = self.prefix_cache.extend(lane.scope, lane.prefix, lane.tokens, length, read, block_bytes)
 
-    def _prefill(self, prefills: list[Prefill]) -> None:
+    def _prefill(self, prefills: list[Prefill], out: dict[int, _TickOut]) -> None:
         """Forward the prompt chunks (all but each prompt's last token) in packed passes.
 
         A pass that faults ends the lanes with rows in it; their rows in later
-        passes are dropped, the other lanes' rows still go."""
+        passes are dropped, the other lanes' rows still go. The rows of lanes that
+        report prompt logprobs return logits: the row at position j scores prompt
+        token j + 1 (:meth:`_prompt_logprobs`)."""
         if not prefills:
             return
         slots, positions, tokens = [], [], []
@@ -544,17 +570,43 @@ class Executor:
         if not slots:
             return
         slots_all, pos_all, tok_all = (np.concatenate(a) for a in (slots, positions, tokens))
+        scored = {slot for slot, lane in by_slot.items() if lane.prompt_logprobs is not None}
         no_logits = np.zeros(0, np.int64)
         n = self._prefill_rows
         while slots_all.size:
-            rows = Rows(slots_all[:n], pos_all[:n], tok_all[:n], no_logits)
+            wanted = np.flatnonzero(np.isin(slots_all[:n], list(scored))) if scored else no_logits
+            rows = Rows(slots_all[:n], pos_all[:n], tok_all[:n], wanted)
             slots_all, pos_all, tok_all = slots_all[n:], pos_all[n:], tok_all[n:]
-            lanes = [by_slot[slot] for slot in dict.fromkeys(rows.lanes.tolist())]
-            if self._call("prefill forward", lanes, self.primitives.forward, rows) is _FAULT:
-                left = ~np.isin(slots_all, rows.lanes)
+            lanes = [by_slot[slot] for slot in dict.fromkeys(rows.slots.tolist())]
+            logits = self._call("prefill forward", lanes, self.primitives.forward, rows)
+            if logits is _FAULT:
+                left = ~np.isin(slots_all, rows.slots)
                 slots_all, pos_all, tok_all = slots_all[left], pos_all[left], tok_all[left]
+            elif wanted.size:
+                self._prompt_logprobs(logits, rows, by_slot, out)
         for lane in by_slot.values():  # a running lane's prompt is a prefix others may start from
             self._save_prefix(lane, min(lane.prefilled_len, lane.prompt_len - 1))
+
+    def _prompt_logprobs(self, logits: Any, rows: Rows, by_slot: dict[int, _Lane], out: dict[int, _TickOut]) -> None:
+        """The logprobs of the prompt tokens a prefill pass's logit rows score: row
+        ``rows.logit_rows[i]``, at position j of its lane, scores the lane's token j + 1."""
+        slots, positions = rows.slots[rows.logit_rows], rows.positions[rows.logit_rows]
+        lanes = [by_slot[slot] for slot in dict.fromkeys(slots.tolist())]
+        nexts = np.fromiter((by_slot[s].tokens[p + 1] for s, p in zip(slots.tolist(), positions.tolist())), np.int64, slots.size)
+        found = self._score(lanes, logits, np.arange(slots.size), nexts)
+        if found is _FAULT:
+            return
+        lp, ids, top = found
+        for lane in lanes:
+            at = np.flatnonzero(slots == lane.slot)  # the lane's rows, in position order
+            k = lane.prompt_logprobs
+            out[lane.lane_id].prompt_logprobs.append(TokenLogprobs(lp[at], ids[at, :k], top[at, :k]))
+
+    def _score(self, lanes: list[_Lane], logits: Any, rows: np.ndarray, tokens: np.ndarray) -> Any:
+        """``(logprob, top ids, top logprobs)`` of ``tokens`` at logit rows ``rows`` (raw
+        logits: the model's distribution; the backend's logprobs capability), or
+        :data:`_FAULT` (the lanes end)."""
+        return self._call("logprobs", lanes, self.primitives.logprobs, logits, rows, tokens)
 
     # -- decode ----------------------------------------------------------------------------------
 
@@ -606,9 +658,12 @@ class Executor:
         logits = self._call("decode forward", lanes, self.primitives.forward, rows)
         if logits is _FAULT:
             return
+        # penalties, bias, min_tokens: row i of a lane adjusted by its tokens plus draft[:i] (sf_trt.penalties)
+        adjusting = [(off, lane.penalties.rows(d)) for lane, d, off in zip(lanes, drafts, offsets.tolist()) if lane.penalties is not None]
         sample = SampleRows(
             mode=ints[:, 1], temperature=floats[:, 0], top_p=floats[:, 1], top_k=ints[:, 2], rng_counter_base=ints[:, 3],
             position=positions + 1, draft=draft_at_row, min_p=floats[:, 2],
+            adjust=pack(adjusting) if adjusting else None,
         )
         verified = self._call("verify_sample", lanes, self.primitives.verify_sample, logits, sample)
         if verified is _FAULT:
@@ -624,13 +679,8 @@ class Executor:
 
     def _logprobs(self, logits: Any, drawn: np.ndarray, wanted: list, out: dict[int, _TickOut]) -> None:
         """Each emitted token's logprob and top alternatives, from the rows that drew it."""
-        if self._logprobs_runner is None:
-            from .backends.ort_logprobs import OrtLogprobs
-
-            self._logprobs_runner = OrtLogprobs(self.caps.vocab)
         rows = np.concatenate([np.arange(off, off + n) for _, off, n in wanted])
-        host = self._call("logprobs", [lane for lane, _, _ in wanted], self.primitives.logits_host, logits)
-        found = _FAULT if host is _FAULT else self._call("logprobs", [lane for lane, _, _ in wanted], self._logprobs_runner.run, host[rows], drawn[rows])
+        found = self._score([lane for lane, _, _ in wanted], logits, rows, drawn[rows])
         if found is _FAULT:
             return
         lp, ids, top = found
@@ -654,6 +704,8 @@ class Executor:
             self._fail([lane], f"verify_sample (lane {lane.lane_id}): the backend's logits for position {start + accepted + 1} {row_fault.describe()}")
         lane.tokens.extend(new)
         out.tokens.extend(new)
+        if lane.penalties is not None:
+            lane.penalties.extend(new)
         out.passes += 1
         if lane.drafter is not None:
             lane.drafter.extend(new)
@@ -690,7 +742,8 @@ class Executor:
                 self._release(lane)
             ref = self._rings[lane.slot].write(o.tokens)
             logprobs = None if lane.logprobs is None else TokenLogprobs.concat(o.logprobs, lane.logprobs)
-            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted, o.drafts), o.passes, lane.error, logprobs)
+            prompt_lp = None if lane.prompt_logprobs is None else TokenLogprobs.concat(o.prompt_logprobs, lane.prompt_logprobs)
+            emits[lane_id] = Emit(lane_id, ref, lane.finish, SpecCounts(o.proposed, o.accepted, o.drafts), o.passes, lane.error, logprobs, prompt_lp)
         for slot in retry:
             if self._call("release", [], self.primitives.release, slot) is not _FAULT:
                 del self._quarantined[slot]

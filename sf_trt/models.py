@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -282,10 +281,3 @@ def export_dir(gguf: str | os.PathLike, weights: str, cache: Path | None = None,
     ``-<weights>`` and/or ``-<precision>`` appended."""
     suffix = ("" if weights == "float32" else f"-{weights}") + ("" if precision == "fp32" else f"-{precision}")
     return (cache or cache_dir()) / "models" / (Path(gguf).name.removesuffix(".gguf") + suffix)
-
-
-def remove_cached(cache: Path | None = None) -> None:
-    """Delete the cached wheel, GGUF and exported model (for a clean re-fetch)."""
-    cache = cache or cache_dir()
-    for sub in ("wheels", "gguf", "models"):
-        shutil.rmtree(cache / sub, ignore_errors=True)

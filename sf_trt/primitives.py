@@ -30,7 +30,7 @@ import numpy as np
 
 from .abi import Sampling, Status, StatusError
 
-__all__ = ["Capabilities", "Rows", "SampleRows", "RowFault", "StateBlock", "PrimitivesBase"]
+__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "SAMPLE_ROW_FIELDS", "RowFault", "StateBlock", "PrimitivesBase"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,9 @@ class Capabilities:
     """Bitmask of optional kernel capabilities on offer (0: none)."""
     top_k_limit: int = 1024
     """The largest ``top_k`` the verify-and-sample graph supports."""
+    logprobs: bool = False
+    """The backend reports each drawn token's logprob and the most likely alternatives
+    (:meth:`PrimitivesBase.logprobs`); lanes may ask for logprobs only then."""
     state_bytes_per_token: int = 0
     """Bytes of state one position holds when saved (``save_block``/``load_prefix``);
     0: the backend cannot save and load state, so it has no prefix cache."""
@@ -81,20 +84,47 @@ def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
 class Rows:
     """The packed rows of one forward pass, lanes in any order.
 
-    Shapes: ``lanes``, ``positions``, ``tokens``: ``[R]`` int64 (slot, absolute
-    position, token id); ``logit_rows``: ``[K]`` int64 indices into the R rows
-    whose logits the pass returns, in that order. A lane's rows are consecutive
-    positions starting at its ``state_len``, in ascending order.
+    Shapes: ``slots``, ``positions``, ``tokens``: ``[R]`` int64 (the lane's state slot
+    in ``0..max_lanes-1``, absolute position, token id); ``logit_rows``: ``[K]`` int64
+    indices into the R rows whose logits the pass returns, in that order. A lane's rows
+    are consecutive positions starting at its slot's ``state_len``, in ascending order.
     """
 
-    lanes: np.ndarray
+    slots: np.ndarray
     positions: np.ndarray
     tokens: np.ndarray
     logit_rows: np.ndarray
 
     @property
     def num_rows(self) -> int:
-        return int(self.lanes.shape[0])
+        return int(self.slots.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitAdjust:
+    """The entries of some logits rows to adjust before drawing from them: penalties,
+    logit bias and ``min_tokens`` (:mod:`sf_trt.graphs.adjust` has the formula).
+
+    ``rows`` int64 ``[A]``: which of the ``K`` logit rows (distinct, ascending); ``ids``
+    int64 ``[A, E]``: each entry's token; ``bias``, ``scale``, ``frequency``,
+    ``presence`` float32 ``[A, E]``: the graph's inputs of those names. Every entry
+    not holding an adjustment is ``(0, 1, 0, 0)``, which leaves its logit as it is.
+    """
+
+    rows: np.ndarray
+    ids: np.ndarray
+    bias: np.ndarray
+    scale: np.ndarray
+    frequency: np.ndarray
+    presence: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.shape[0])
+
+    def values(self) -> tuple[np.ndarray, ...]:
+        """``(bias, scale, frequency, presence)``: the graph's float inputs, in its order."""
+        return self.bias, self.scale, self.frequency, self.presence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +135,8 @@ class SampleRows:
     float32; ``top_k`` int64 (0: off); ``rng_counter_base``: the lane's
     (``Plan.admit``'s); ``position``: absolute position of the token being
     drawn; ``draft``: the draft token proposed at that position, or -1;
-    ``min_p`` float32 in [0, 1] (None: 0 on every row, min-p off).
+    ``min_p`` float32 in [0, 1] (None: 0 on every row, min-p off); ``adjust``:
+    the rows' logit adjustments (None: none), applied before the draw.
     """
 
     mode: np.ndarray
@@ -116,6 +147,7 @@ class SampleRows:
     position: np.ndarray
     draft: np.ndarray
     min_p: Optional[np.ndarray] = None
+    adjust: Optional[LogitAdjust] = None
 
     def __post_init__(self) -> None:
         if self.min_p is None:
@@ -155,7 +187,8 @@ class RowFault(enum.IntEnum):
         }[self]
 
 
-_SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows))
+SAMPLE_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(SampleRows) if f.name != "adjust")
+"""The per-row ``[K]`` arrays of :class:`SampleRows` (``adjust`` is a record of its own)."""
 _MODE_MIN, _MODE_MAX = min(Sampling), max(Sampling)
 
 
@@ -195,10 +228,16 @@ class PrimitivesBase:
         whose logits cannot be sampled from (NaN, +inf, all -inf, or overflowing
         at its temperature) gets a :class:`RowFault` code instead of a token and
         ``match`` False; the other rows are drawn as usual.
+
+        ``sample.adjust`` rows are adjusted first (:meth:`_adjust_impl`), and drawn, and
+        checked for faults, from the adjusted logits; ``logits`` itself is left as it
+        is (logprobs report the model's raw distribution).
         """
         self._check_sample(logits, sample)
+        if sample.adjust is not None and sample.adjust.num_rows:
+            logits = self._adjust_impl(logits, sample.adjust)
         tokens, match = self._verify_sample_impl(logits, sample)
-        fault = self._row_faults(logits, sample)
+        fault = self.row_faults(logits, sample)
         if fault.any():
             tokens = np.where(fault != 0, fault, tokens)
             match = match & (fault == 0)
@@ -256,6 +295,18 @@ class PrimitivesBase:
         self._check_lane("state_len", lane)
         return int(self._state_len[lane])
 
+    def logprobs(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For logit rows ``rows`` ``[n]`` of ``logits`` (a :meth:`forward` result) and the tokens
+        drawn from them ``[n]``: ``(logprob [n] float32, top_ids [n, N] int64, top_logprobs
+        [n, N] float32)``, ``N = min(vocab, TOP_LOGPROBS_MAX)`` alternatives in descending
+        order. Only when ``capabilities.logprobs``."""
+        if not self.capabilities.logprobs:
+            raise StatusError(Status.UNSUPPORTED, "logprobs: this backend does not report logprobs")
+        rows, tokens = _int_rows("rows", rows, "logprobs"), _int_rows("tokens", tokens, "logprobs")
+        if rows.shape != tokens.shape:
+            raise StatusError(Status.BAD_ARGUMENT, f"logprobs: {rows.size} rows and {tokens.size} tokens (expected one token per row)")
+        return self._logprobs_impl(logits, rows, tokens)
+
     def logits_host(self, logits: Any) -> np.ndarray:
         """Logits as a host numpy array ``[K, vocab]`` float32."""
         return np.asarray(logits)
@@ -277,6 +328,12 @@ class PrimitivesBase:
         with a reduction there, to copy ``K`` floats instead of ``K * vocab``."""
         return self.logits_host(logits).max(axis=1)
 
+    def _adjust_impl(self, logits: Any, adjust: LogitAdjust) -> Any:
+        """The logits with ``adjust``'s rows adjusted, as a new array (``logits`` unchanged).
+        The backends mix in :class:`~sf_trt.backends.ort_adjust.HostLogitAdjust` (the adjust
+        graph on the host); a backend without it refuses adjusted rows."""
+        raise StatusError(Status.UNSUPPORTED, "verify_sample: this backend cannot adjust logits (penalties, logit_bias, min_tokens)")
+
     def _forward_impl(self, rows: Rows) -> Any:
         raise NotImplementedError
 
@@ -295,6 +352,9 @@ class PrimitivesBase:
     def _load_prefix_impl(self, lane: int, blocks: list[StateBlock]) -> None:
         raise NotImplementedError
 
+    def _logprobs_impl(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
     # -- checks ----------------------------------------------------------------
 
     def _check_lane(self, op: str, lane: int) -> None:
@@ -309,7 +369,7 @@ class PrimitivesBase:
 
     def _check_rows(self, rows: Rows) -> tuple[np.ndarray, ...]:
         caps = self.capabilities
-        lanes = _int_rows("lanes", rows.lanes, "forward")
+        lanes = _int_rows("slots", rows.slots, "forward")
         positions = _int_rows("positions", rows.positions, "forward")
         tokens = _int_rows("tokens", rows.tokens, "forward")
         logit_rows = _int_rows("logit_rows", rows.logit_rows, "forward")
@@ -319,7 +379,7 @@ class PrimitivesBase:
             return StatusError(status, f"forward: {what}")
 
         if positions.shape[0] != n or tokens.shape[0] != n:
-            raise bad(Status.BAD_ARGUMENT, f"lanes, positions, tokens differ in length ({n}, {positions.shape[0]}, {tokens.shape[0]})")
+            raise bad(Status.BAD_ARGUMENT, f"slots, positions, tokens differ in length ({n}, {positions.shape[0]}, {tokens.shape[0]})")
         if n > caps.max_rows_per_pass:
             raise bad(Status.CAPACITY_EXHAUSTED, f"{n} rows exceed max_rows_per_pass {caps.max_rows_per_pass}")
         if n and (lanes.min() < 0 or lanes.max() >= caps.max_lanes):
@@ -345,7 +405,7 @@ class PrimitivesBase:
                 raise bad(Status.UNSUPPORTED, "this backend returns logits only at each lane's last row (verify_rows=False)")
         return lanes, positions, tokens, logit_rows
 
-    def _row_faults(self, logits: Any, sample: SampleRows) -> np.ndarray:
+    def row_faults(self, logits: Any, sample: SampleRows) -> np.ndarray:
         """int64 ``[K]``: each row's :class:`RowFault` code, 0 where the row is usable."""
         fault = np.zeros(sample.num_rows, np.int64)
         if not sample.num_rows:
@@ -365,7 +425,7 @@ class PrimitivesBase:
         shape = tuple(getattr(logits, "shape", ()))
         if shape != (k, self.capabilities.vocab):
             raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: logits shape {shape}, expected ({k}, {self.capabilities.vocab})")
-        for name in _SAMPLE_FIELDS:
+        for name in SAMPLE_ROW_FIELDS:
             arr = getattr(sample, name)
             if arr.shape != (k,):
                 raise StatusError(Status.BAD_ARGUMENT, f"verify_sample: {name} shape {arr.shape}, expected ({k},)")
@@ -375,3 +435,26 @@ class PrimitivesBase:
             raise StatusError(Status.BAD_SAMPLING_MODE, f"verify_sample: unknown sampling mode in {sorted(set(sample.mode.tolist()))}")
         if k and not (np.all(sample.min_p >= 0) and np.all(sample.min_p <= 1)):  # NaN fails both
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"verify_sample: min_p must be in [0, 1] (got {sorted(set(np.asarray(sample.min_p).tolist()))[:4]})")
+        if sample.adjust is not None:
+            self._check_adjust(sample.adjust, k)
+
+    def _check_adjust(self, adjust: LogitAdjust, k: int) -> None:
+        def bad(status: Status, what: str) -> StatusError:
+            return StatusError(status, f"verify_sample: adjust {what}")
+
+        rows = _int_rows("rows", adjust.rows, "verify_sample: adjust")
+        a = rows.shape[0]
+        if a and (rows.min() < 0 or rows.max() >= k or np.any(np.diff(rows) <= 0)):
+            raise bad(Status.BAD_ARGUMENT, f"rows must be distinct and ascending in 0..{k - 1} (got {rows.tolist()[:8]})")
+        shape = np.shape(adjust.ids)
+        if len(shape) != 2 or shape[0] != a or np.asarray(adjust.ids).dtype.kind not in "iu":
+            raise bad(Status.BAD_ARGUMENT, f"ids must be an integer array [{a}, E] (got dtype {np.asarray(adjust.ids).dtype}, shape {shape})")
+        for name, value in zip(("bias", "scale", "frequency", "presence"), adjust.values()):
+            if np.shape(value) != shape:
+                raise bad(Status.BAD_ARGUMENT, f"{name} shape {np.shape(value)}, expected {shape}")
+        if a and shape[1] and (adjust.ids.min() < 0 or adjust.ids.max() >= self.capabilities.vocab):
+            raise bad(Status.TOKEN_OUT_OF_VOCAB, f"ids outside 0..{self.capabilities.vocab - 1}")
+        with np.errstate(invalid="ignore"):
+            if not (np.all(adjust.scale > 0) and np.all(np.isfinite(adjust.scale)) and np.all(np.isfinite(adjust.frequency))
+                    and np.all(np.isfinite(adjust.presence)) and np.all(adjust.bias < np.inf)):  # NaN fails each
+                raise bad(Status.BAD_SAMPLING_PARAMS, "values: need scale > 0 and finite, frequency and presence finite, bias < +inf, no NaN")

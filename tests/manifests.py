@@ -20,7 +20,7 @@ from sf_trt.graphs.copy_model import build_copy_graph
 SHAPES = BuildConfig(max_lanes=2, rows_per_lane=4, max_context=8)
 
 
-def engine_entry(directory: Path, name: str = "copy_model", trt: str = "10.3.0", cc: str = "9.0") -> EngineManifest:
+def engine_entry(directory: Path, name: str = "copy_model", trt: str = "10.13.0", cc: str = "9.0") -> EngineManifest:
     """One engine (stand-in bytes) and its ONNX graph written into ``directory``, and its manifest entry."""
     engine = directory / f"{name}.engine"
     engine.write_bytes(b"serialized engine bytes of " + name.encode())

@@ -159,10 +159,12 @@ def same(a: dict, b: dict) -> bool:
 def single_process(args, model_name: Optional[str] = None) -> Iterator[str]:
     """The plain `sf-trt serve` over the backend ``args`` name (the same `open_served` the replicas run, at the
     fake's full speed: its pace never changes a token); its URL."""
-    import argparse
+    import dataclasses
 
-    from sf_trt.cli.serve_state import open_served, served_model_name
+    from sf_trt.cli.serve_state import serve_config
+    from sf_trt.entrypoints.serving import open_served
 
-    prims, tokenizer, max_context = open_served(argparse.Namespace(**{**vars(args), "fake_pass_ms": 0.0}))
-    with live_server(prims, tokenizer=tokenizer, max_context=max_context, model_name=model_name or served_model_name(args)) as live:
+    config = dataclasses.replace(serve_config(args), fake_pass_ms=0.0)
+    prims, tokenizer, max_context = open_served(config)
+    with live_server(prims, tokenizer=tokenizer, max_context=max_context, model_name=model_name or config.model_name) as live:
         yield live.url

@@ -27,7 +27,7 @@ def concat(*parts: Rows) -> Rows:
     """One pass made of several lanes' rows; logit rows re-indexed into the whole."""
     offsets = np.cumsum([0] + [p.num_rows for p in parts[:-1]])
     return Rows(
-        np.concatenate([p.lanes for p in parts]), np.concatenate([p.positions for p in parts]),
+        np.concatenate([p.slots for p in parts]), np.concatenate([p.positions for p in parts]),
         np.concatenate([p.tokens for p in parts]), np.concatenate([p.logit_rows + o for p, o in zip(parts, offsets)]),
     )
 
@@ -73,3 +73,15 @@ def verify_session(
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def direct_logprobs(prims, tokens) -> np.ndarray:
+    """Each of ``tokens[1:]``'s logprob after the tokens before it, computed directly: one
+    pass over the whole sequence in slot 0 (released after), log-softmax in float64."""
+    seq = np.asarray(tokens, np.int64)
+    n = len(seq) - 1
+    logits = prims.logits_host(prims.forward(Rows(np.zeros(n, np.int64), np.arange(n), seq[:n], np.arange(n)))).astype(np.float64)
+    prims.release(0)
+    lsm = logits - logits.max(axis=1, keepdims=True)
+    lsm -= np.log(np.exp(lsm).sum(axis=1, keepdims=True))
+    return lsm[np.arange(n), seq[1:]]

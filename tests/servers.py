@@ -54,12 +54,18 @@ def live_server(
     max_context: Optional[int] = None,
     loader: Optional[Callable] = None,
     speculate: str = "prompt-lookup",
+    **limits: Any,
 ) -> Iterator[Live]:
-    """A uvicorn server over an engine loop on ``primitives`` (the fake by default)."""
-    import uvicorn
+    """A uvicorn server over an engine loop on ``primitives`` (the fake by default), configured
+    as ``sf-trt serve`` configures it (:func:`sf_trt.serve.server.uvicorn_config`); ``limits``:
+    more :class:`ServerState` fields (``max_body_bytes``, ``read_timeout_s`` ...), and
+    ``keep_alive_s``."""
+    from sf_trt.serve.server import DrainingServer, uvicorn_config
+
+    keep_alive_s = limits.pop("keep_alive_s", 5.0)
 
     state = ServerState(model_name=model_name, metrics=ServerMetrics(model_name), api_key=api_key,
-                        default_speculate=speculate, drain_timeout_s=5.0)
+                        default_speculate=speculate, drain_timeout_s=5.0, **limits)
     if loader is None:
         prims = primitives if primitives is not None else FakePrimitives(FAKE)
         state.engine = EngineLoop(prims, tokenizer=tokenizer, config=config, observer=state.metrics)
@@ -69,7 +75,8 @@ def live_server(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=10))
+    server = DrainingServer(uvicorn_config(app, log_level="warning", read_timeout_s=state.read_timeout_s,
+                                           keep_alive_s=keep_alive_s, graceful_s=10), state)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

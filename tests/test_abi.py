@@ -27,6 +27,14 @@ SAMPLING = {
     "max_tokens negative": (dict(max_tokens=-1), "max_tokens"),
     "max_tokens a bool": (dict(max_tokens=True), "max_tokens"),
     "unknown flags": (dict(flags=8), "flags"),
+    "presence_penalty past 2": (dict(presence_penalty=2.5), "presence_penalty"),
+    "frequency_penalty NaN": (dict(frequency_penalty=math.nan), "frequency_penalty"),
+    "repetition_penalty 0": (dict(repetition_penalty=0.0), "repetition_penalty"),
+    "logit_bias past 100": (dict(logit_bias={3: 101}), "logit_bias"),
+    "logit_bias key not a token id": (dict(logit_bias={-1: 1.0}), "logit_bias"),
+    "logit_bias not a mapping": (dict(logit_bias="x"), "logit_bias"),
+    "min_tokens past max_tokens": (dict(min_tokens=5, max_tokens=3), "min_tokens"),
+    "stop_token_ids a float": (dict(stop_token_ids=[1.5]), "stop_token_ids"),
 }
 
 REFUSALS = {case: functools.partial(SamplingParams, **kwargs) for case, (kwargs, _) in SAMPLING.items()}

@@ -173,7 +173,7 @@ def drafting_work(history_len: int, corpus_len: int, steps: int = 1500) -> tuple
         corpus.add("", text[lo : min(lo + 1000, corpus_len)])
     drafter = SuffixDrafter(cfg, text[corpus_len : corpus_len + history_len], corpus)
     drafter.propose(16)  # cursors matched once
-    automata = [drafter._own] + [g.automaton for g in corpus.generations("")]
+    automata = [drafter.own] + [g.automaton for g in corpus.generations("")]
 
     def work() -> int:
         return sum(a.work for a in automata)

@@ -13,7 +13,7 @@ from sf_trt.abi import Finish, Sampling, SamplingParams, Status, StatusError
 from sf_trt.engine_loop import EngineLoop, LoopConfig, NotServing, Overloaded
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.generate import Generator
-from sf_trt.scheduler import FINISH_ERROR, LoadAwareDrafting, Request
+from sf_trt.scheduler import Request, SchedulerConfig
 from sf_trt.tokenizer import ByteTokenizer
 
 from fakes import POISON, FaultyFake, SlowFake
@@ -51,7 +51,7 @@ def collect(stream) -> tuple[list[int], str, object]:
 
 def test_requests_from_many_threads_each_get_what_they_get_alone():
     reqs = requests(12)
-    with EngineLoop(SlowFake(CFG), tokenizer=TOK, config=LoopConfig(tick_tokens=5)) as loop:
+    with EngineLoop(SlowFake(CFG), tokenizer=TOK, config=LoopConfig(scheduler=SchedulerConfig.serving(tick_tokens=5))) as loop:
         results: dict[int, tuple] = {}
 
         def client(i):
@@ -118,6 +118,20 @@ def test_a_full_queue_refuses_with_overloaded_and_loses_nothing_below_it():
         assert all(o[2].finish == Finish.LENGTH and len(o[0]) == 60 for o in outs)
 
 
+@pytest.mark.parametrize("max_queued", [0, 1])
+def test_the_queue_limit_counts_only_requests_that_no_free_lane_awaits(max_queued):
+    """4 lanes: 4 requests submitted at once to an idle loop all run, whatever the
+    limit (0 included); then ``max_queued`` more may wait, and the next is refused."""
+    with EngineLoop(SlowFake(CFG), tokenizer=TOK, config=LoopConfig(max_queued=max_queued)) as loop:
+        assert loop.capacity == 4 + max_queued
+        r = Request(TOK.encode("abcd"), params=SamplingParams(max_tokens=40), speculate=False)
+        streams = [loop.submit(r) for _ in range(4 + max_queued)]  # faster than the loop admits them
+        with pytest.raises(Overloaded, match=rf"{max_queued} requests are waiting for a lane \(--max-queued-requests {max_queued}\)"):
+            loop.submit(r)
+        outs = [collect(s) for s in streams]
+        assert all(o[2].finish == Finish.LENGTH and len(o[0]) == 40 for o in outs)
+
+
 def test_bad_requests_are_refused_at_submit_with_their_status():
     with EngineLoop(FakePrimitives(CFG), tokenizer=TOK) as loop:
         for request, status in (
@@ -145,8 +159,8 @@ def test_drain_ends_queued_requests_at_once_and_running_ones_at_the_deadline():
         loop.submit(short)
     outs = [collect(s)[2] for s in streams]
     assert outs[0].finish == Finish.LENGTH  # finished within the timeout
-    assert outs[1].finish == FINISH_ERROR and "cut at the drain timeout" in outs[1].error
-    assert outs[2].finish == FINISH_ERROR and "had not started" in outs[2].error
+    assert outs[1].finish == Finish.ERROR and "cut at the drain timeout" in outs[1].error
+    assert outs[2].finish == Finish.ERROR and "had not started" in outs[2].error
     assert time.monotonic() - t0 < 5
     loop.shutdown(1.0)
     assert not loop._thread.is_alive()
@@ -156,14 +170,30 @@ def test_a_failed_tick_ends_its_requests_with_an_error_and_the_loop_goes_on():
     prims = FaultyFake(CFG)
     with EngineLoop(prims, tokenizer=TOK) as loop:
         _, _, bad = collect(loop.submit(Request([1, 2, POISON, 3], params=SamplingParams(max_tokens=8))))
-        assert bad.finish == FINISH_ERROR and "injected fault" in bad.error
+        assert bad.finish == Finish.ERROR and "injected fault" in bad.error
         tokens, _, ok = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
         assert ok.finish == Finish.LENGTH and len(tokens) == 8
         # a backend that cannot even release: the request ends with the error and its slot is
         # quarantined (docs/errors.md); once the backend recovers, the slot is freed and the loop serves on
         prims.broken = True
         _, _, dead = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
-        assert dead.finish == FINISH_ERROR and "injected fault" in dead.error
+        assert dead.finish == Finish.ERROR and "injected fault" in dead.error
         prims.broken = False
         again, _, fine = collect(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=8))))
         assert fine.finish == Finish.LENGTH and again == tokens and loop.serving
+
+
+def test_a_request_is_checked_once_on_its_way_in(monkeypatch):
+    """The door (EngineLoop.check, or the caller's check with checked=True) checks a request;
+    the loop thread queues it without checking it again."""
+    from sf_trt.scheduler import Scheduler
+
+    calls = []
+    real = Scheduler.check
+    monkeypatch.setattr(Scheduler, "check", lambda self, request, name="request": calls.append(name) or real(self, request, name))
+    with EngineLoop(FakePrimitives(CFG), tokenizer=TOK) as loop:
+        outs = list(loop.submit(Request([1, 2, 3], params=SamplingParams(max_tokens=4), speculate=False)))
+        assert outs[-1].finished and len(calls) == 1
+        loop.check(req := Request([4, 5, 6], params=SamplingParams(max_tokens=4), speculate=False))
+        outs = list(loop.submit(req, checked=True))
+        assert outs[-1].finished and len(calls) == 2

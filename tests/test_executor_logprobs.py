@@ -89,3 +89,20 @@ def test_bad_logprobs_and_max_draft_are_refused():
     h.tick_ok(h.plan().admit(1, p).prefill(1, 0, 2))
     assert h.tick_err(h.plan().decode(1, 4, max_draft=-1)) == Status.BAD_ARGUMENT
     assert "decode(lane=1, n=4): max_draft must be None or an int >= 0" in str(h.last_error)
+
+
+def test_logprobs_are_a_backend_capability_a_lane_without_it_is_refused_and_nothing_runs():
+    import dataclasses
+
+    from sf_trt.abi import StatusError
+
+    prims = FakePrimitives(CFG)
+    prims.capabilities = dataclasses.replace(prims.capabilities, logprobs=False)
+    h = Harness.with_engine(Executor(prims, ExecutorConfig()))
+    p = h.prompt([1, 2, 3])
+    assert h.tick_err(h.plan().admit(1, p, logprobs=2).prefill(1, 0, 3)) == Status.UNSUPPORTED
+    assert h.engine.lanes == []
+    with pytest.raises(StatusError, match="this backend does not report logprobs"):
+        prims.logprobs(np.zeros((1, CFG.vocab), np.float32), np.array([0]), np.array([1]))
+    ev = h.tick_ok(h.plan().admit(1, p).prefill(1, 0, 3).decode(1, 4))  # the same lane without logprobs runs
+    assert ev.emit_for(1).logprobs is None

@@ -56,6 +56,9 @@ CASES = {
     "draft scope too long": (lambda h, p, s: h.plan().admit(1, p, draft_scope="k" * 1025), Status.BAD_ARGUMENT, "1025 characters"),
     "prefix not cached": (lambda h, p, s: h.plan().admit(1, p, cached_len=16), Status.PREFIX_NOT_CACHED, "admit(lane=1): cached_len 16"),
     "cached length negative": (lambda h, p, s: h.plan().admit(1, p, cached_len=-1), Status.BAD_ARGUMENT, "admit(lane=1): cached_len"),
+    "prompt logprobs from a cached prefix": (
+        lambda h, p, s: h.plan().admit(1, p, cached_len=16, prompt_logprobs=2), Status.BAD_ARGUMENT, "admit(lane=1): prompt_logprobs 2",
+    ),
     "gumbel at temperature 0": (
         lambda h, p, s: h.plan().admit(1, p, sampling=Sampling.GPU_GUMBEL, params=SamplingParams(temperature=0.0)),
         Status.BAD_SAMPLING_PARAMS, "admit(lane=1)",
@@ -63,6 +66,12 @@ CASES = {
     "top_k past the sampler's limit": (
         lambda h, p, s: h.plan().admit(1, p, sampling=Sampling.GPU_GUMBEL, params=SamplingParams(top_k=17)),
         Status.BAD_SAMPLING_PARAMS, "admit(lane=1)",
+    ),
+    "logit_bias past the vocabulary": (
+        lambda h, p, s: h.plan().admit(1, p, params=SamplingParams(logit_bias={64: 1.0})), Status.BAD_SAMPLING_PARAMS, "admit(lane=1): logit_bias",
+    ),
+    "prompt_logprobs out of range": (
+        lambda h, p, s: h.plan().admit(1, p, prompt_logprobs=21), Status.BAD_ARGUMENT, "admit(lane=1): prompt_logprobs",
     ),
     "negative rng counter base": (lambda h, p, s: h.plan().admit(1, p, rng_counter_base=-1), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),
     "params of the wrong type": (lambda h, p, s: h.plan().admit(1, p, params={"temperature": 1}), Status.BAD_SAMPLING_PARAMS, "admit(lane=1)"),

@@ -68,10 +68,10 @@ class Recorder:
 
     def forward(self, rows):
         out = self.inner.forward(rows)
-        for slot, pos, tok in zip(rows.lanes.tolist(), rows.positions.tolist(), rows.tokens.tolist()):
+        for slot, pos, tok in zip(rows.slots.tolist(), rows.positions.tolist(), rows.tokens.tolist()):
             if pos == 0:
                 self.owner[slot] = tok
-        self._row_slots = rows.lanes[rows.logit_rows]
+        self._row_slots = rows.slots[rows.logit_rows]
         return out
 
     def verify_sample(self, logits, sample):

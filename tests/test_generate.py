@@ -159,7 +159,7 @@ def test_when_every_slot_stays_quarantined_the_waiting_requests_end_with_the_rea
 
 @pytest.mark.parametrize("tick_tokens", [0, 2.5, True])
 def test_generator_settings_are_checked(tick_tokens):
-    with pytest.raises(StatusError, match="Scheduler: tick_tokens must be an int >= 1"):
+    with pytest.raises(StatusError, match="SchedulerConfig: tick_tokens must be an int >= 1"):
         Generator(FakePrimitives(CFG), tick_tokens=tick_tokens)
 
 

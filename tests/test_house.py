@@ -1,11 +1,15 @@
-"""The house: three folders, three layers, arrows that run one way, no circles.
+"""The house: four layers across the folders, arrows that run one way, no circles.
 
-    cli/     sf_trt.cli      the command line: uses both layers below
-    export/  sf_trt.export   build steps: GGUF -> model directory -> engines; uses the runtime
-    sf_trt/  sf_trt          the runtime: owns every format it reads; imports neither layer above
+    cli/                  sf_trt.cli          the command line: parses flags into the entry points' specs
+    sf_trt/entrypoints/   sf_trt.entrypoints  open a model once and run it (sf_trt.LLM, ModelSpec); with
+    sf_trt/__init__.py    sf_trt              the package's front door, which names them lazily
+    export/               sf_trt.export       build steps: GGUF -> model directory -> engines; uses the runtime
+    sf_trt/               sf_trt.*            the runtime: owns every format it reads; imports no layer above
 
-:func:`violations` reads every import of every file (lazy ones inside functions
-too) and names each arrow that runs up a layer, and each circle of modules.
+Inside the runtime, :data:`INNER` orders its parts from the bottom up; a module may
+import its own part and the parts below. :func:`violations` reads every import of
+every file (lazy ones inside functions too) and names each arrow that runs up a
+layer or up the inner order, and each circle of modules.
 """
 
 from __future__ import annotations
@@ -18,8 +22,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAYERS = {"sf_trt": 0, "export": 1, "cli": 2}
+LAYERS = {"sf_trt": 0, "export": 1, "cli": 3}
 """Folder -> layer; a file may import modules of its own layer or below."""
+ENTRY_LAYER = 2
+ENTRY = ("sf_trt", "sf_trt.entrypoints")
+"""The entry points' layer: the package ``sf_trt.entrypoints`` and the package module ``sf_trt``
+itself (its ``__init__``: the front door that names ``sf_trt.LLM``)."""
+
+INNER = (
+    ("abi", "version"),
+    ("formats", "tokenizer", "models"),
+    ("graphs",),
+    ("engine", "primitives", "outputs"),
+    ("drafting", "strategies", "penalties", "prefix_cache"),
+    ("executor", "testing", "faults"),
+    ("backends", "fake"),
+    ("scheduler", "generate", "engine_loop"),
+    ("serve",),
+)
+"""The runtime's parts from the bottom up (``sf_trt.<part>`` and its submodules): the ABI;
+what is read from disk (formats, tokenizers, the model cache); the ONNX graphs the runtime
+builds; plans, events and outputs, and the backend protocol; drafters and their
+registration, each lane's logit adjustments, and the prefix cache; the executor (and what drives it in tests); the backends that implement
+the protocol; whole requests over the executor; the HTTP shell."""
 PACKAGE_OF = {"sf_trt": "sf_trt", "export": "sf_trt.export", "cli": "sf_trt.cli"}
 """Folder -> the package name it is installed as (pyproject's package-dir)."""
 
@@ -32,8 +57,16 @@ def modules(root: Path) -> dict[str, tuple[Path, int]]:
             parts = list(path.relative_to(root / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            out[".".join([PACKAGE_OF[folder], *parts])] = (path, layer)
+            name = ".".join([PACKAGE_OF[folder], *parts])
+            entry = name == ENTRY[0] or name == ENTRY[1] or name.startswith(ENTRY[1] + ".")
+            out[name] = (path, ENTRY_LAYER if entry else layer)
     return out
+
+
+def inner_rank(name: str) -> int | None:
+    """Where a runtime module stands in :data:`INNER` (None: not a runtime part)."""
+    part = name.split(".")[1] if name.startswith("sf_trt.") else None
+    return next((i for i, parts in enumerate(INNER) if part in parts), None)
 
 
 def layer_of(name: str, mods: dict) -> int | None:
@@ -49,6 +82,7 @@ def imports_of(name: str, path: Path, mods: dict) -> set[str]:
     """The known modules ``name`` (at ``path``) imports, anywhere in the file."""
     is_package = path.name == "__init__.py"
     found = set()
+    named = set()  # packages this file takes a name from that is no module (their __init__'s own)
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
@@ -60,11 +94,14 @@ def imports_of(name: str, path: Path, mods: dict) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods}
+            if any(f"{base}.{a.name}" not in mods for a in node.names):
+                named.add(base)
     resolved = set()
     for target in found:
         while target and target not in mods:
             target = target.rpartition(".")[0]
-        if target and target != name and not name.startswith(target + "."):  # a parent package is no arrow
+        # a parent package is no arrow, unless a name of its own __init__ is taken from it
+        if target and target != name and (not name.startswith(target + ".") or target in named):
             resolved.add(target)
     return resolved
 
@@ -79,6 +116,10 @@ def violations(root: Path = ROOT) -> list[str]:
         for target in sorted(targets):
             if layer_of(target, mods) > layer:
                 found.append(f"{path.relative_to(root)} ({name}) imports {target}: an arrow up from layer {layer} to {layer_of(target, mods)}")
+            elif layer == layer_of(target, mods) == 0 and inner_rank(name) is not None and inner_rank(target) is not None \
+                    and inner_rank(target) > inner_rank(name):
+                found.append(f"{path.relative_to(root)} ({name}) imports {target}: an arrow up inside the runtime, "
+                             f"from {'/'.join(INNER[inner_rank(name)])} to {'/'.join(INNER[inner_rank(target)])}")
     found += [f"circle: {' -> '.join(c + [c[0]])}" for c in _circles(graph)]
     return found
 
@@ -128,9 +169,27 @@ def test_the_check_catches_a_planted_arrow_and_a_planted_circle(tmp_path):
     executor.write_text(executor.read_text() + "\nfrom sf_trt.export import pipeline  # planted\n")
     abi = tmp_path / "sf_trt" / "abi.py"
     abi.write_text(abi.read_text() + "\nfrom . import engine  # planted: engine imports abi\n")
+    files = tmp_path / "sf_trt" / "formats" / "files.py"
+    files.write_text(files.read_text() + "\n\ndef _planted():\n    from ..executor import Executor  # planted: lazy, up the inner order\n")
+    primitives = tmp_path / "sf_trt" / "primitives.py"
+    primitives.write_text(primitives.read_text() + "\nfrom . import LLM  # planted: a name of the package's door\n")
     found = violations(tmp_path)
+    assert "sf_trt/primitives.py (sf_trt.primitives) imports sf_trt: an arrow up from layer 0 to 2" in found
     assert "sf_trt/executor.py (sf_trt.executor) imports sf_trt.export.pipeline: an arrow up from layer 0 to 1" in found
+    assert ("sf_trt/formats/files.py (sf_trt.formats.files) imports sf_trt.executor: an arrow up inside the runtime, "
+            "from formats/tokenizer/models to executor/testing/faults") in found
     assert any(v.startswith("circle: ") and "sf_trt.abi" in v and "sf_trt.engine" in v for v in found), found
+
+
+def test_every_runtime_part_has_a_place_in_the_inner_order():
+    parts = {name.split(".")[1] for name, (_, layer) in modules(ROOT).items() if layer == 0 and name.startswith("sf_trt.")}
+    assert parts == {p for group in INNER for p in group}, parts ^ {p for group in INNER for p in group}
+
+
+def test_the_entry_points_sit_above_the_build_steps_and_below_the_command_line():
+    mods = modules(ROOT)
+    assert layer_of("sf_trt.entrypoints.llm", mods) == layer_of("sf_trt", mods) == ENTRY_LAYER
+    assert LAYERS["export"] < ENTRY_LAYER < LAYERS["cli"]
 
 
 def test_every_package_folder_is_installed():

@@ -229,13 +229,17 @@ def test_random_schedules_emit_the_same_with_the_cache_on(case):
 def test_the_scheduler_starts_requests_from_the_cache_and_they_emit_the_same():
     """Through the scheduler: a second turn, and a request that arrives while another is still
     prefilling the same prefix, greedy and sampled, speculating with either drafter."""
-    from sf_trt.scheduler import Request, Scheduler, run_to_completion
+    from sf_trt.scheduler import Request, Scheduler, SchedulerConfig
 
     rng = np.random.default_rng(5)
     stem = [int(t) for t in rng.integers(0, 22, 64)]
 
+    def run_to_completion(sched: Scheduler) -> None:
+        while sched.has_work:
+            sched.step()
+
     def run(mb: int) -> tuple[list[list[int]], list]:
-        sched = Scheduler(Executor(fake(), ExecutorConfig(prefix_cache_mb=mb)), tick_tokens=4, prefill_chunk=16, prefill_budget=16)
+        sched = Scheduler(Executor(fake(), ExecutorConfig(prefix_cache_mb=mb)), SchedulerConfig(tick_tokens=4, prefill_chunk=16, prefill_budget=16))
         sampled = dict(sampling=Sampling.GPU_GUMBEL, params=SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12), seed=3)
         first = sched.add(Request(stem, params=SamplingParams(max_tokens=12), drafter="suffix"), 1)
         sched.step()
@@ -269,3 +273,45 @@ def test_a_failed_prefix_save_ends_that_lane_only_and_keeps_nothing_of_it():
     assert ev.emit_for(2).finish == Finish.NONE and len(ex.read_tokens(ev.emit_for(2).token_ref)) == 3
     assert ex.cached_prefix(ex.register_prompt([7] + [1] * 39), "") == 0 and ex.cached_prefix(ex.register_prompt([5] + [1] * 39), "") == 32
     ex.check_integrity()
+
+
+def test_a_lane_asking_for_prompt_logprobs_cannot_start_from_the_cache():
+    """Prompt logprobs come from the prefill's own rows: a lane that skipped positions
+    would miss theirs, so the executor refuses the pair and names both."""
+    ex = Executor(fake(), ON)
+    h = Harness.with_engine(ex)
+    p = h.prompt([t % 20 for t in range(40)])
+    h.tick_ok(h.plan().admit(1, p).prefill(1, 0, 40).decode(1, 1).release(1))
+    c = ex.cached_prefix(p, "")
+    assert c == 32
+    with pytest.raises(StatusError, match=r"admit\(lane=2\): prompt_logprobs 3 scores every prompt position in the prefill, "
+                       r"and cached_len 32 skips the first of them \(admit it with cached_len=0\)") as err:
+        ex.tick(Plan().admit(2, p, cached_len=c, prompt_logprobs=3))
+    assert err.value.status == Status.BAD_ARGUMENT
+    ex.check_integrity()
+
+
+def test_the_scheduler_prefills_a_prompt_logprobs_request_whole_and_its_logprobs_are_the_plain_ones():
+    """With the cache holding the prompt, a request for prompt logprobs still prefills all of
+    it (cached_tokens 0) and gets every prompt token's logprobs, the same as with the cache
+    off; a plain request beside it takes the cached prefix."""
+    from sf_trt.generate import Generator
+    from sf_trt.scheduler import Request
+
+    prompt = [t % 20 for t in range(40)]
+    params = SamplingParams(max_tokens=6)
+
+    def run(mb: int):
+        gen = Generator(fake(), executor_config=ExecutorConfig(prefix_cache_mb=mb), prefill_chunk=16)
+        (first,) = gen.run([Request(prompt, params=params)])
+        scored, plain = gen.run([Request(prompt, params=params, prompt_logprobs=4), Request(prompt, params=params)])
+        return first, scored, plain
+
+    first, scored, plain = run(1)
+    off_first, off_scored, off_plain = run(0)
+    assert (first.cached_tokens, scored.cached_tokens, plain.cached_tokens) == (0, 0, 32)
+    assert (off_first.cached_tokens, off_scored.cached_tokens, off_plain.cached_tokens) == (None, None, None)
+    assert [r.tokens for r in (first, scored, plain)] == [r.tokens for r in (off_first, off_scored, off_plain)]
+    assert len(scored.prompt_logprobs.logprob) == len(prompt) - 1
+    for name in ("logprob", "top_ids", "top_logprobs"):
+        np.testing.assert_array_equal(getattr(scored.prompt_logprobs, name), getattr(off_scored.prompt_logprobs, name), err_msg=name)

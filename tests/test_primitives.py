@@ -10,7 +10,7 @@ import pytest
 
 from sf_trt.abi import Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
-from sf_trt.primitives import RowFault, Rows, SampleRows, StateBlock
+from sf_trt.primitives import SAMPLE_ROW_FIELDS, RowFault, Rows, SampleRows, StateBlock
 
 CFG = FakeConfig(vocab=64, eos=63, copy_model=True, verify_rows=True, max_lanes=3, max_context=32, top_k_limit=16)
 
@@ -20,7 +20,7 @@ def rows(lanes, positions, tokens, logit_rows=()):
     return Rows(a(lanes), a(positions), a(tokens), a(logit_rows))
 
 
-SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
+SAMPLE_FIELDS = list(SAMPLE_ROW_FIELDS)
 
 
 def sample_rows(**one_row) -> SampleRows:

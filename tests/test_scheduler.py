@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
 from sf_trt.generate import Generator
-from sf_trt.scheduler import FINISH_ERROR, DraftPolicy, LoadAwareDrafting, Request, Sequence, choice_key
+from sf_trt.scheduler import DraftPolicy, LoadAwareDrafting, Request, Sequence, choice_key
 from sf_trt.tokenizer import ByteTokenizer
 
 from fakes import POISON, FaultyFake
@@ -269,7 +269,7 @@ def test_choices_of_one_seed_are_independent_streams():
 def test_a_tick_that_raises_fails_its_requests_with_an_error_and_the_scheduler_goes_on():
     g = Generator(FaultyFake(CFG), tokenizer=TOK)
     res = g.run([Request([1, 2, POISON, 3], params=SamplingParams(max_tokens=8))])
-    assert res[0].finish == FINISH_ERROR and "injected fault: poisoned row" in res[0].error
+    assert res[0].finish == Finish.ERROR and "injected fault: poisoned row" in res[0].error
     assert not g.scheduler.has_work and g.executor.lanes == []  # nothing held afterwards
     ok = g.run([Request([1, 2, 3], params=SamplingParams(max_tokens=8))])
     assert ok[0].finish == Finish.LENGTH and len(ok[0].tokens) == 8
@@ -285,3 +285,36 @@ def test_a_failed_pass_ends_only_its_own_lanes_and_the_requests_behind_them_run_
     bad, ok = g.run([Request([7, 8, POISON, 9], params=SamplingParams(max_tokens=12)), good])
     assert bad.finish == Finish.ERROR and "poisoned row" in bad.error
     assert ok.tokens == alone.tokens and ok.finish == alone.finish and ok.error is None
+
+
+# -- the configuration ---------------------------------------------------------------------------
+
+
+def test_scheduler_config_states_each_default_once_and_the_two_paths_read_it():
+    from sf_trt.drafting import PromptLookupConfig
+    from sf_trt.engine_loop import EngineLoop, LoopConfig
+    from sf_trt.scheduler import SchedulerConfig
+    from sf_trt.scheduler.config import SERVING_PREFILL_BUDGET, SERVING_TICK_TOKENS
+
+    batch, serving = SchedulerConfig(), SchedulerConfig.serving()
+    assert (batch.tick_tokens, batch.prefill_chunk, batch.prefill_budget) == (16, 256, None)
+    assert (serving.tick_tokens, serving.prefill_chunk, serving.prefill_budget) == (SERVING_TICK_TOKENS, 256, SERVING_PREFILL_BUDGET)
+    assert isinstance(batch.policy, LoadAwareDrafting) and isinstance(serving.policy, LoadAwareDrafting)
+    assert Generator(FakePrimitives(CFG)).scheduler.config == batch
+    assert EngineLoop(FakePrimitives(CFG)).scheduler.config == serving == LoopConfig().scheduler
+    assert Generator(FakePrimitives(CFG), tick_tokens=3).scheduler.config.tick_tokens == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.tick_tokens = 2  # type: ignore[misc]
+    pl = PromptLookupConfig(max_draft=3)
+    assert SchedulerConfig(draft_config=pl).draft_configs == {"prompt_lookup": pl}
+    assert SchedulerConfig(draft_config=[pl]).draft_config == (pl,)
+
+
+@pytest.mark.parametrize("field, value", [("tick_tokens", 0), ("prefill_chunk", 1.5), ("prefill_budget", True), ("prefill_budget", 0)])
+def test_scheduler_config_refuses_bad_settings_naming_them(field, value):
+    from sf_trt.scheduler import SchedulerConfig
+
+    with pytest.raises(StatusError) as err:
+        SchedulerConfig(**{field: value})
+    assert err.value.status == Status.BAD_ARGUMENT
+    assert str(err.value) == f"SchedulerConfig: {field} must be an int >= 1 (got {value!r})"

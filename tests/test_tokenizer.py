@@ -163,3 +163,13 @@ def test_chat_template(real_tokenizer):
     assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2
     no_prompt = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], add_generation_prompt=False)
     assert no_prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+
+
+@pytest.mark.slow
+def test_no_text_is_fewer_tokens_than_its_bytes_over_the_longest_token(real_tokenizer, tiny_tokenizer):
+    """``max_token_bytes``: the server refuses a prompt as too long for the context from its
+    size alone, before tokenizing it; that is exact only if this bound holds."""
+    for tok in (real_tokenizer, tiny_tokenizer):
+        assert tok.max_token_bytes == max(len(tok.token_bytes(i)) for i in range(tok.vocab_size))
+        for text in ("a" * 5000, " " * 3000, "\n" * 999, "<|im_start|>" * 50, FORGERY * 20, "Grüße 日本語 🙂 " * 100):
+            assert len(tok.encode(text)) >= -(-len(text.encode()) // tok.max_token_bytes), text[:20]

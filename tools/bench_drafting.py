@@ -56,14 +56,14 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sf_trt.abi import Finish, Sampling, SamplingFlag, SamplingParams  # noqa: E402
-from sf_trt.drafting import PromptLookupConfig, PromptLookupDrafter, SuffixConfig, SuffixCorpus, SuffixDrafter  # noqa: E402
+from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
+from sf_trt.drafting import PromptLookupConfig, PromptLookupDrafter, SuffixConfig, SuffixCorpus, SuffixDrafter
+from sf_trt.scheduler import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("plain", "prompt_lookup", "suffix")
-TICK_TOKENS = 16
+TICK_TOKENS = SchedulerConfig.tick_tokens
+"""What the Generator asks each lane for per tick (the batch profile)."""
 
 
 # -- workloads ---------------------------------------------------------------------------
@@ -235,11 +235,11 @@ def replay_primitives(streams: list[dict], vocab: int, eos: int, max_lanes: int,
 
         def _forward_impl(self, rows: Rows):
             hashes = self._hash
-            for lane, pos, tok in zip(rows.lanes.tolist(), rows.positions.tolist(), rows.tokens.tolist()):
+            for lane, pos, tok in zip(rows.slots.tolist(), rows.positions.tolist(), rows.tokens.tolist()):
                 prev = int(hashes[lane, pos - 1]) if pos else 0
                 hashes[lane, pos] = (prev * 1_000_003 + tok + 1) % mod
             self._next = [table.get(int(hashes[lane, pos]), 0) for lane, pos in
-                          zip(rows.lanes[rows.logit_rows].tolist(), rows.positions[rows.logit_rows].tolist())]
+                          zip(rows.slots[rows.logit_rows].tolist(), rows.positions[rows.logit_rows].tolist())]
             return np.broadcast_to(np.zeros(1, np.float32), (len(self._next), vocab))
 
         def _verify_sample_impl(self, logits, sample):
@@ -287,10 +287,9 @@ def replay(path: Path, lanes_list: list[int], configs: dict[str, Any]) -> dict:
 
 def stdlib_tokens(n: int) -> list[int]:
     """At least ``n`` tokens of standard-library source, through the model's tokenizer."""
-    from sf_trt.export.pipeline import default_model_dir
-    from sf_trt.tokenizer import Tokenizer
+    from sf_trt.entrypoints.model import ModelSpec, resolve
 
-    tok = Tokenizer.load(default_model_dir(progress=False, weight_dtype="int8"))
+    tok = resolve(ModelSpec(weights="int8")).tokenizer
     ids: list[int] = []
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         ids.extend(tok.encode(path.read_text(encoding="utf-8", errors="replace")))
@@ -341,7 +340,7 @@ def cost(cfg: SuffixConfig, rounds: int = 5, steps: int = 1000) -> dict:
                 d = setup[kind]
                 chunk = stream[(2 * r) * steps : (2 * r + 1) * steps] if kind == "suffix" else stream[(2 * r + 1) * steps : (2 * r + 2) * steps]
                 drafted = 0
-                automata = [d._own] + [g.automaton for g in setup["corpus"].generations("")] if kind == "suffix" else []
+                automata = [d.own] + [g.automaton for g in setup["corpus"].generations("")] if kind == "suffix" else []
                 work_before = sum(a.work for a in automata)
                 t0 = time.perf_counter()
                 for tok in chunk:
@@ -529,16 +528,15 @@ def main(argv=None) -> int:
         print_table(results, args.row_cost)
         return 0
 
-    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
-    from sf_trt.export.pipeline import default_model_dir
+    from sf_trt.backends import BackendSpec
+    from sf_trt.entrypoints.model import ModelSpec, resolve
     from sf_trt.generate import Generator
     from sf_trt.scheduler import DraftPolicy
-    from sf_trt.tokenizer import Tokenizer
 
     load_before = os.getloadavg()
-    model_dir = default_model_dir(progress=True, weight_dtype="int8")
-    prims = OrtDecoderPrimitives(model_dir, max_lanes=max(args.lanes), max_context=1024, threads=args.threads)
-    tok = Tokenizer.load(model_dir)
+    model = resolve(ModelSpec(weights="int8"), progress=True)
+    prims = BackendSpec(threads=args.threads).open(model.model_dir.path, max_lanes=max(args.lanes), max_context=1024)
+    tok = model.tokenizer
     gen = Generator(prims, tick_tokens=TICK_TOKENS, policy=DraftPolicy())  # every lane drafts: the drafters are compared
 
     def encode(messages: list[dict]) -> list[int]:

@@ -17,17 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sf_trt.abi import Sampling, SamplingFlag, SamplingParams  # noqa: E402
-from sf_trt.drafting import PromptLookupConfig, PromptLookupDrafter  # noqa: E402
-from sf_trt.engine import Plan  # noqa: E402
-from sf_trt.executor import Executor, ExecutorConfig  # noqa: E402
-from sf_trt.fake import FakeConfig, FakePrimitives  # noqa: E402
+from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
+from sf_trt.drafting import PromptLookupConfig, PromptLookupDrafter
+from sf_trt.engine import Plan
+from sf_trt.executor import Executor, ExecutorConfig
+from sf_trt.fake import FakeConfig, FakePrimitives
 
 
 class TimedPrimitives:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peer benchmark: HF transformers and llama.cpp greedy decoding, plain and with prompt lookup.
+"""Peer benchmark: HF transformers, llama.cpp and onnxruntime-genai greedy decoding, plain and with prompt lookup.
 
 Runs SmolLM2-135M-Instruct (the same Q4_1 GGUF sf_trt uses) on the CPU over the
 bench prompts (``tools/prompts/bench.jsonl``), with each peer of ``--peers``:
@@ -8,6 +8,17 @@ bench prompts (``tools/prompts/bench.jsonl``), with each peer of ``--peers``:
 * ``llama.cpp``: llama.cpp through llama-cpp-python, the GGUF as shipped (Q4_1
   weights, Q8_0 embedding; its KV cache f16 by default), ``n_threads`` and
   ``n_threads_batch`` both ``--threads``;
+* ``genai``: onnxruntime-genai on the model its builder made (``--genai-model DIR``),
+  ``intra_op_num_threads`` ``--threads``; its "prompt lookup" is its own n-gram
+  speculation (``ngram_size`` 3, ``max_draft_tokens`` ``--lookup-tokens``). Its builder
+  reads only float16/float32 GGUFs (and then wants the HF config by hub name), so
+  the GGUF goes through transformers' dequantization to an HF checkpoint first:
+  the same weights HF runs. Built once (docs/benchmarks.md has the commands)::
+
+      /work/venvs/genai/bin/python tools/bench_peers.py --export-hf HF_DIR
+      /work/venvs/genai/bin/python -m onnxruntime_genai.models.builder -i HF_DIR -o GENAI_DIR -p int4 -e cpu
+
+  Its threads always spin between ops (its session options have no setting for it).
 
 each prompt twice after a warmup:
 
@@ -48,6 +59,15 @@ first token; the prefill is sf_trt's own: the Generator's chunks of 256 rows,
 ``DEFAULT_PREFILL_CHUNK``).
 Prompt tokens over that time is the prefill rate; the table and the JSON's
 ``"prefill"`` have each engine's and sf_trt's ratio to each peer.
+
+The limit: after the decoding runs, a STREAM-like triad in numpy (``--bandwidth-mib``
+MiB arrays, on 1 and on ``--threads`` threads, the faster counting) gives this
+machine's bytes/s, and each engine's weight bytes read per decode pass come from its
+own files (the GGUF's tensors for llama.cpp, the ONNX initializers for genai and
+sf_trt (``--sf-trt-model``, default the GGUF's int8 export in the cache) less the
+tables a pass only gathers a row from, fp32 parameters for HF). Each engine's plain
+decode (decode only where its first token's time is known: llama.cpp, genai, sf_trt)
+is printed as a fraction of bandwidth / bytes per token, and the JSON has ``"limit"``.
 
 The peers are not sf_trt dependencies: install them in a separate environment,
 e.g.::
@@ -96,7 +116,7 @@ class Missing(Exception):
 # -- peers -------------------------------------------------------------------
 
 
-PEERS = ("hf", "llama.cpp")
+PEERS = ("hf", "llama.cpp", "genai")
 
 
 class HFPeer:
@@ -139,6 +159,7 @@ class LlamaCppPeer:
         self.plain = Llama(**kw)
         self.lookup = Llama(**kw, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=lookup))
         self.eos = int(self.plain.token_eos())
+        self.last_first_token_s: float | None = None
 
     def describe(self) -> str:
         return f"llama.cpp (llama-cpp-python {self.versions['llama_cpp_python']}), the GGUF as shipped"
@@ -150,9 +171,58 @@ class LlamaCppPeer:
         start = time.perf_counter()
         for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
             out.append(int(tok))
+            if len(out) == 1:
+                self.last_first_token_s = time.perf_counter() - start
             if len(out) >= n or (allow_eos and tok == self.eos):
                 break
         return out, time.perf_counter() - start
+
+
+GENAI_NGRAM_SIZE = 3
+"""The n-gram length onnxruntime-genai's own n-gram speculation matches on (``speculative.ngram_size``)."""
+
+
+class GenAIPeer:
+    """onnxruntime-genai on its builder's model (``--genai-model DIR``, built once from the same
+    GGUF: see the module docstring), greedy, plain or with its n-gram speculation
+    (``ngram_size`` :data:`GENAI_NGRAM_SIZE`, ``max_draft_tokens`` ``--lookup-tokens``); each run a
+    new ``og.Generator`` whose KV buffer is sized to the request (``max_length``). Its threads
+    always spin between ops: genai_config.json's session options have no setting for it."""
+
+    name = "genai"
+    packages = ("onnxruntime_genai",)
+
+    def __init__(self, model_dir: Path, threads: int) -> None:
+        import onnxruntime_genai as og
+
+        if not (model_dir / "genai_config.json").is_file():
+            raise Missing(f"--genai-model {model_dir}: no genai_config.json (build it with onnxruntime-genai's builder; "
+                          "tools/bench_peers.py's docstring has the commands)")
+        config = og.Config(str(model_dir))
+        config.clear_providers()  # the CPU
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+        self.og, self.model, self.model_dir = og, og.Model(config), model_dir
+        self.versions = {"onnxruntime_genai": og.__version__}
+        self.last_first_token_s: float | None = None
+
+    def describe(self) -> str:
+        return f"onnxruntime-genai {self.versions['onnxruntime_genai']} ({self.model_dir.name}), threads spinning"
+
+    def generate(self, ids: list[int], n: int, *, allow_eos: bool, lookup: int | None) -> tuple[list[int], float]:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=len(ids) + n, min_length=len(ids) + (0 if allow_eos else n), do_sample=False)
+        if lookup:
+            params.set_speculative_options(ngram_size=GENAI_NGRAM_SIZE, max_draft_tokens=lookup)
+        self.last_first_token_s = None
+        start = time.perf_counter()
+        gen = self.og.Generator(self.model, params)
+        gen.append_tokens(ids)
+        while not gen.is_done():
+            gen.generate_next_token()
+            if self.last_first_token_s is None:
+                self.last_first_token_s = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        return [int(t) for t in gen.get_sequence(0)[len(ids):]][:n], seconds
 
 
 def missing_packages(peer) -> list[str]:
@@ -167,6 +237,7 @@ INSTALL_HINT = (
     "    python3 -m venv /work/peers-venv\n"
     "    /work/peers-venv/bin/pip install torch==2.13.0 transformers accelerate gguf numpy   # hf\n"
     "    /work/peers-venv/bin/pip install llama-cpp-python                                   # llama.cpp (builds from source)\n"
+    "    /work/peers-venv/bin/pip install onnxruntime-genai onnx_ir accelerate               # genai (and --genai-model DIR)\n"
     "and run this with that interpreter: /work/peers-venv/bin/python tools/bench_peers.py ..."
 )
 
@@ -238,28 +309,10 @@ def hf_prompt_ids(tok, messages) -> list[int]:
     return [int(i) for i in out]
 
 
-def _mount_export() -> None:
-    """Make ``sf_trt.export`` importable from this checkout when sf_trt is not installed in this
-    interpreter (the peers' environment): the installed package maps it onto ``export/``."""
-    import importlib.util
-
-    import sf_trt
-
-    if "sf_trt.export" in sys.modules or importlib.util.find_spec("sf_trt.export") is not None:
-        return
-    spec = importlib.util.spec_from_file_location("sf_trt.export", REPO / "export" / "__init__.py", submodule_search_locations=[str(REPO / "export")])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sf_trt.export"] = module
-    sf_trt.export = module
-    spec.loader.exec_module(module)
-
-
 def sf_trt_tokenizer(gguf: Path):
-    """sf_trt's own tokenizer for ``gguf``, or (None, why)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
+    """sf_trt's own tokenizer for ``gguf``, or (None, why): sf_trt must be installed in this
+    interpreter (the peers' environment: ``pip install --no-deps -e .`` from the checkout)."""
     try:
-        _mount_export()
         from sf_trt.export.gguf_llama import open_reader, read_tokenizer
 
         return read_tokenizer(open_reader(gguf)), None
@@ -291,6 +344,13 @@ def generate(torch, model, ids: list[int], n: int, *, allow_eos: bool, eos: int,
         out = model.generate(**kwargs)
         seconds = time.perf_counter() - start
     return [int(t) for t in out[0, len(ids):].tolist()], seconds
+
+
+def decode_rate(tokens: int, seconds: float, first_token_s: float | None) -> float | None:
+    """Tokens after the first over the seconds after it: the decode alone, without the prefill."""
+    if first_token_s is None or tokens < 2 or seconds <= first_token_s:
+        return None
+    return (tokens - 1) / (seconds - first_token_s)
 
 
 def first_diff(a: list[int], b: list[int]) -> int | None:
@@ -398,6 +458,152 @@ def merge_sf_trt(results: list[dict], doc: dict) -> int:
             entry[f"ratio_spec_{name}"] = ss / hl if isinstance(ss, (int, float)) and hl else None
         res["sf_trt"] = entry
     return matched
+
+
+# -- the limit: this machine's memory bandwidth, the bytes a decode pass reads --
+
+
+TRIAD_ARRAYS_MOVED = 5
+"""Arrays of traffic per element of the numpy triad: ``a = s * c`` reads c and writes a, ``a += b`` reads a and b
+and writes a (numpy has no fused triad; write-allocate reads are not counted, as STREAM does not)."""
+
+
+def triad_bandwidth(threads: int, mib: int, repeats: int = 5) -> dict[str, Any]:
+    """A STREAM-like triad, ``a = b + s * c`` over float64 arrays of ``mib`` MiB (far past the caches), in
+    ``threads`` threads at once (numpy's loops release the GIL), each on its own arrays; the fastest of
+    ``repeats`` rounds: bytes moved per second over all threads."""
+    import threading
+
+    import numpy as np
+
+    n = mib * (1 << 20) // 8
+    arrays = [(np.zeros(n), np.full(n, 1.0), np.full(n, 2.0)) for _ in range(threads)]
+    gate = threading.Barrier(threads + 1)
+
+    def triad(a, b, c) -> None:
+        gate.wait()
+        np.multiply(c, 3.0, out=a)
+        np.add(a, b, out=a)
+        gate.wait()
+
+    best = float("inf")
+    for _ in range(repeats):
+        workers = [threading.Thread(target=triad, args=arrs) for arrs in arrays]
+        for w in workers:
+            w.start()
+        gate.wait()
+        start = time.perf_counter()
+        gate.wait()
+        best = min(best, time.perf_counter() - start)
+        for w in workers:
+            w.join()
+    moved = TRIAD_ARRAYS_MOVED * 8 * n * threads
+    return {"bytes_per_s": moved / best, "threads": threads, "mib_per_array": mib, "seconds": best, "bytes_moved": moved,
+            "kernel": f"numpy a = c * 3; a += b, float64, {TRIAD_ARRAYS_MOVED} arrays of traffic per element"}
+
+
+def machine_bandwidth(threads: int, mib: int) -> dict[str, Any]:
+    """The triad on 1 and on ``threads`` threads; the faster is the limit (on shared cores a thread that
+    waits for its core makes the many-thread figure the lower one)."""
+    runs = [triad_bandwidth(t, mib) for t in sorted({1, threads})]
+    best = max(runs, key=lambda r: r["bytes_per_s"])
+    return {"bytes_per_s": best["bytes_per_s"], "threads": best["threads"], "mib_per_array": mib, "runs": runs}
+
+
+def onnx_bytes_per_token(model: Path) -> dict[str, Any]:
+    """The initializer bytes one decode pass of the ONNX graph ``model`` reads: every initializer but the
+    tables only gathered from (an embedding, rotary tables: a pass reads a row of each)."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    gathered = {n.input[0] for n in graph.node if n.op_type in ("Gather", "GatherBlockQuantized")}
+    used_otherwise = {i for n in graph.node for k, i in enumerate(n.input) if not (k == 0 and n.op_type in ("Gather", "GatherBlockQuantized"))}
+    read = tables = 0
+    for init in graph.initializer:
+        length = {e.key: e.value for e in init.external_data}.get("length")
+        if length is not None:
+            size = int(length)
+        elif init.raw_data:
+            size = len(init.raw_data)
+        else:
+            count = 1
+            for d in init.dims:
+                count *= d
+            size = count * helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        if init.name in gathered and init.name not in used_otherwise:
+            tables += size
+        else:
+            read += size
+    return {"bytes_per_token": read, "gathered_tables_bytes": tables, "file": str(model)}
+
+
+def gguf_bytes_per_token(gguf: Path) -> dict[str, Any]:
+    """The tensor bytes one decode pass of the GGUF reads: all but the token embedding, which counts
+    only where it is also the output matrix (tied, as in SmolLM2)."""
+    from gguf import GGUFReader
+
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors}
+    tied = "output.weight" not in sizes
+    return {"bytes_per_token": sum(v for k, v in sizes.items() if k != "token_embd.weight" or tied), "tied_embedding": tied, "file": str(gguf)}
+
+
+def bytes_per_token(peers, gguf: Path, sf_model: Path | None) -> dict[str, dict]:
+    """Each engine's weight bytes read per decode pass, from its own model files (a note where they cannot be read)."""
+    found: dict[str, dict] = {}
+    sources = {peer.name: peer for peer in peers}
+    if sf_model is not None:
+        sources["sf_trt"] = sf_model
+    for name, source in sources.items():
+        try:
+            if name == "llama.cpp":
+                found[name] = gguf_bytes_per_token(gguf)
+            elif name == "genai":
+                found[name] = onnx_bytes_per_token(source.model_dir / "model.onnx")
+            elif name == "hf":  # fp32, tied parameters once
+                found[name] = {"bytes_per_token": sum(t.numel() * t.element_size() for t in source.model.parameters()), "file": "fp32 parameters"}
+            else:
+                found[name] = onnx_bytes_per_token(source / "decoder_pass.onnx")
+        except Exception as exc:  # noqa: BLE001 - a missing reader (onnx, gguf) leaves that engine's fraction out
+            found[name] = {"bytes_per_token": None, "note": f"{type(exc).__name__}: {exc}"}
+    return found
+
+
+def limit_report(results: list[dict], sf_doc: dict | None, weights: dict[str, dict], bandwidth: dict) -> dict[str, dict]:
+    """Per engine: its plain decode rate over all prompts (decode-only where its first-token time is known, else
+    end to end), the bytes it reads per token, and that rate as a fraction of bandwidth / bytes per token."""
+    rates: dict[str, tuple[float | None, str]] = {}
+    for name in (results[0]["peers"] if results else {}):
+        runs = [r["peers"][name]["plain"] for r in results]
+        rates[name] = _overall_rate(runs)
+    if sf_doc is not None:
+        rates["sf_trt"] = _overall_rate([r["plain"] for r in sf_doc.get("results", [])])
+    out = {}
+    for name, (rate, how) in rates.items():
+        per_token = (weights.get(name) or {}).get("bytes_per_token")
+        limit = bandwidth["bytes_per_s"] / per_token if per_token else None
+        out[name] = {"tokens_per_s": rate, "rate": how, "bytes_per_token": per_token, "limit_tokens_per_s": limit,
+                     "fraction_of_limit": rate / limit if rate and limit else None}
+    return out
+
+
+def _overall_rate(runs: list[dict]) -> tuple[float | None, str]:
+    """Tokens over seconds summed over ``runs``: after the first token where every run says when it came."""
+    if runs and all(isinstance(r.get("first_token_s"), (int, float)) for r in runs):
+        return sum(r["tokens"] - 1 for r in runs) / sum(r["tokens"] / r["tokens_per_s"] - r["first_token_s"] for r in runs), "decode only"
+    if runs and all(r.get("tokens_per_s") for r in runs):
+        return sum(r["tokens"] for r in runs) / sum(r["tokens"] / r["tokens_per_s"] for r in runs), "end to end (prefill included)"
+    return None, "no runs"
+
+
+def print_limit(limit: dict[str, dict], bandwidth: dict) -> None:
+    print(f"\nmemory bandwidth (triad, {bandwidth['threads']} threads, {bandwidth['mib_per_array']} MiB arrays): "
+          f"{bandwidth['bytes_per_s'] / 1e9:.1f} GB/s")
+    for name, row in limit.items():
+        per = row["bytes_per_token"]
+        print(f"  {name}: {fmt(row['tokens_per_s'])} tok/s plain ({row['rate']}); "
+              f"{fmt(per / 1e6 if per else None)} MB read per token -> limit {fmt(row['limit_tokens_per_s'])} tok/s; "
+              f"{fmt(100 * row['fraction_of_limit'] if row['fraction_of_limit'] else None)}% of it")
 
 
 # -- prefill -------------------------------------------------------------------
@@ -536,6 +742,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", action="append", metavar="ID", help="run only this prompt id (repeatable)")
     ap.add_argument("--prompt-ids", choices=("auto", "sf_trt", "hf"), default="auto",
                     help="whose prompt token ids every peer is fed: sf_trt's tokenizer (auto: when importable) or HF's chat template")
+    ap.add_argument("--export-hf", type=Path, metavar="DIR",
+                    help="write the GGUF as an HF checkpoint (float32) to DIR, for onnxruntime-genai's builder, and exit")
+    ap.add_argument("--genai-model", type=Path, help="the genai peer's model directory (onnxruntime-genai's builder output)")
+    ap.add_argument("--sf-trt-model", type=Path,
+                    help="sf_trt's model directory, for its bytes per token (default: the GGUF's int8 export under the sf_trt cache)")
+    ap.add_argument("--bandwidth-mib", type=int, default=64, help="MiB per array of the bandwidth probe's triad, per thread (default 64)")
     ap.add_argument("--json", dest="json_path", type=Path, default=Path("bench_peers.json"), help="write results here (default bench_peers.json)")
     ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --json` on each prompt right after the peers, and add ratio columns")
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
@@ -576,6 +788,25 @@ def _load_hf(torch, transformers, gguf: Path):
     return tok, model, eos
 
 
+def export_hf_checkpoint(gguf: Path, out: Path) -> None:
+    """The GGUF as an HF checkpoint directory (float32, transformers' own dequantization; tokenizer and chat
+    template beside it): what onnxruntime-genai's builder takes (``-i out``). transformers refuses to save a
+    model it loaded from a GGUF, so its weights are moved into a plain model of the same config first."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    tok, model, _ = _load_hf(torch, transformers, gguf)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(out)
+    tok.save_pretrained(out)
+    say(f"wrote {out} (build the genai model: python -m onnxruntime_genai.models.builder -i {out} -o GENAI_DIR -p int4 -e cpu)")
+
+
 def _encode(prompts, hf_tok, sf_tok) -> list[tuple]:
     """``(prompt, ids fed, HF's ids or None, sf_trt's ids or None)`` per prompt."""
     encoded = []
@@ -610,10 +841,12 @@ def _measure(peers, encoded, modes, args, sf_turn=None) -> list[dict[str, Any]]:
                 best = None
                 for _ in range(args.repeats):
                     out, seconds = peer.generate(ids, p["max_tokens"], allow_eos=args.allow_eos, lookup=lookup)
+                    first = getattr(peer, "last_first_token_s", None)  # None where the peer cannot tell (HF)
                     if best is None or seconds < best[1]:
-                        best = (out, seconds)
-                out, seconds = best
-                runs[name] = {"tokens": len(out), "seconds": seconds, "tokens_per_s": len(out) / seconds if seconds > 0 else None, "ids": out}
+                        best = (out, seconds, first)
+                out, seconds, first = best
+                runs[name] = {"tokens": len(out), "seconds": seconds, "tokens_per_s": len(out) / seconds if seconds > 0 else None,
+                              "first_token_s": first, "decode_tokens_per_s": decode_rate(len(out), seconds, first), "ids": out}
             runs["identical"] = runs["lookup"]["ids"] == runs["plain"]["ids"]
             runs["first_diff"] = first_diff(runs["lookup"]["ids"], runs["plain"]["ids"])
             res["peers"][peer.name] = runs
@@ -629,13 +862,18 @@ def _open_peers(names: list[str], gguf: Path, args) -> list:
     """The peers of ``names`` whose packages import here (the others noted); Missing when none."""
     peers, notes = [], []
     for name in names:
-        cls = {"hf": HFPeer, "llama.cpp": LlamaCppPeer}[name]
+        cls = {"hf": HFPeer, "llama.cpp": LlamaCppPeer, "genai": GenAIPeer}[name]
         gone = missing_packages(cls)
         if gone:
             notes.append(f"{name}: missing Python package(s) {', '.join(gone)}")
             continue
         if cls is HFPeer:
             peers.append(HFPeer(gguf, args.threads))
+        elif cls is GenAIPeer:
+            if args.genai_model is None:
+                notes.append("genai: no --genai-model DIR (its builder's output)")
+                continue
+            peers.append(GenAIPeer(args.genai_model, args.threads))
         else:
             peers.append(LlamaCppPeer(gguf, args.threads, args.n_ctx, args.lookup_tokens))
     for note in notes:
@@ -721,6 +959,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--peers: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(PEERS)})")
     try:
         gguf = find_gguf(args.gguf)
+        if args.export_hf is not None:
+            export_hf_checkpoint(gguf, args.export_hf)
+            return 0
         prompts = load_prompts(args.prompts, args.only, args.max_tokens)
         sf_tok, sf_why = (None, "--prompt-ids hf") if args.prompt_ids == "hf" else sf_trt_tokenizer(gguf)
         if sf_tok is None and args.prompt_ids == "sf_trt":
@@ -777,6 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
     if doc is not None:
         t = doc.get("throughput_tokens_per_s") or {}
         print(f"sf_trt overall: plain {fmt(t.get('plain'))} tok/s, speculative {fmt(t.get('spec'))} tok/s")
+    bandwidth = machine_bandwidth(args.threads, args.bandwidth_mib)
+    sf_model = args.sf_trt_model or cache_root() / "models" / f"{gguf.stem}-int8"
+    weights = bytes_per_token(peers, gguf, sf_model if doc is not None and sf_model.is_dir() else None)
+    limit = limit_report(results, doc, weights, bandwidth)
+    print_limit(limit, bandwidth)
     report = {
         "tool": "tools/bench_peers.py",
         "versions": {**{k: v for peer in peers for k, v in peer.versions.items()}, "python": platform.python_version()},
@@ -790,6 +1036,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "sf_trt": sf_status,
         "results": results,
+        "limit": {"bandwidth": bandwidth, "weights": weights, "engines": limit},
     }
     args.json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     say(f"wrote {args.json_path}")

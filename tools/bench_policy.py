@@ -35,19 +35,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from sf_trt.abi import SamplingParams
-    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
-    from sf_trt.export.pipeline import default_model_dir
+    from sf_trt.backends import BackendSpec
+    from sf_trt.entrypoints.model import ModelSpec, resolve
     from sf_trt.generate import Generator, Request
     from sf_trt.scheduler import DraftPolicy, LoadAwareDrafting
-    from sf_trt.tokenizer import Tokenizer
 
-    model_dir = default_model_dir(progress=False, weight_dtype="int8")
-    tok = Tokenizer.load(model_dir)
+    model = resolve(ModelSpec(weights="int8"))
+    tok = model.tokenizer
     rows = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     ids = [tok.encode(tok.apply_chat_template(r["messages"])) if "messages" in r else tok.encode(r["prompt"]) for r in rows]
     report = []
     for lanes in [int(x) for x in args.lanes.split(",")]:
-        prims = OrtDecoderPrimitives(model_dir, max_lanes=lanes, max_context=args.max_context, threads=args.threads)
+        prims = BackendSpec(threads=args.threads).open(model.model_dir.path, max_lanes=lanes, max_context=args.max_context)
         reqs = [Request(ids[i % len(ids)], params=SamplingParams(max_tokens=args.max_tokens), seed=i) for i in range(max(8, lanes))]
         gens = {name: Generator(prims, policy=policy, tick_tokens=args.tick_tokens)
                 for name, policy in (("plain", None), ("free", DraftPolicy()), ("load-aware", LoadAwareDrafting()))}

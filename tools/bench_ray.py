@@ -19,13 +19,13 @@ processes); the load average is printed before and after.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import ROOT, loadtest, start_server, stop_server  # noqa: E402
+from bench_serve import ROOT, loadtest, start_server, stop_server  # a sibling: the script's own folder is on sys.path
 
 
 def servers(cores: int) -> list[tuple[str, list[str]]]:
@@ -59,7 +59,8 @@ def main(argv=None) -> int:
         for name in names:  # warm up
             loadtest(procs[name][1], args, 1, "prompt-lookup")
         for c in concurrencies:
-            lt_args = argparse.Namespace(**{**vars(args), "min_requests": max(args.min_requests, c)})
+            lt_args = copy.copy(args)
+            lt_args.min_requests = max(args.min_requests, c)
             for rnd in range(args.repeats):
                 for name in names[rnd % 3:] + names[: rnd % 3]:
                     r = loadtest(procs[name][1], lt_args, c, "prompt-lookup")

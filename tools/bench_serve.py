@@ -16,7 +16,6 @@ its own checks (usage vs /metrics, no errors); a failed check fails the script.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -64,19 +63,19 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 def loadtest(url: str, args, concurrency: int, speculate: str) -> dict:
-    from sf_trt.cli import build_parser
-    from sf_trt.cli.loadtest import loadtest as run
+    """`sf-trt loadtest` against ``url``: its JSON report (its own checks failing fail the script)."""
+    import tempfile
 
     n = max(args.min_requests, concurrency)
-    a = build_parser().parse_args([
-        "loadtest", "--url", url, "--prompts", str(args.prompts), "--num-requests", str(n), "--max-concurrency", str(concurrency),
-        "--max-tokens", str(args.max_tokens), "--temperature", "0", "--speculate", speculate, "--verify", "0",
-        "--max-seconds", "1800",
-    ])
-    report = asyncio.run(run(a))
-    if report["failures"]:
-        raise SystemExit(f"loadtest failed: {report['failures']}")
-    return report
+    with tempfile.TemporaryDirectory() as tmp:
+        report_file = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "sf_trt.cli", "loadtest", "--url", url, "--prompts", str(args.prompts), "--num-requests", str(n),
+               "--max-concurrency", str(concurrency), "--max-tokens", str(args.max_tokens), "--temperature", "0",
+               "--speculate", speculate, "--verify", "0", "--max-seconds", "1800", "--json", str(report_file)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0 or not report_file.is_file():
+            raise SystemExit(f"loadtest failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        return json.loads(report_file.read_text())
 
 
 def bench(args, lanes: int) -> dict:

@@ -5,8 +5,8 @@
                                    [--cprofile 25] [--json]
 
 Runs one request of ``tools/prompts/bench.jsonl`` (``--lanes N``: the file's first N, at once)
-through the same path as ``sf-trt generate`` (the model resolved and opened by the CLI's own
-helpers, the CLI's Generator), once to warm up, then timed. The timed run counts the seconds
+through the same path as ``sf-trt generate`` (the model opened through the entry points'
+ModelSpec and BackendSpec, a Generator with the batch scheduler), once to warm up, then timed. The timed run counts the seconds
 spent in onnxruntime's decoder run (``run_with_iobinding``) and in its sampler runs, so the rest,
 per token, is what is not the pass: host-side cache writes, the executor, the generator, Python;
 the same requests' prefill (one token each) is measured apart and left out of the decode figures.
@@ -50,11 +50,11 @@ class _Timed:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Time per token inside and outside the decoder pass, for requests run like `sf-trt generate`."""
-    from sf_trt.cli import build_parser
-    from sf_trt.cli.flags import sampling
-    from sf_trt.cli.generate import generator
-    from sf_trt.cli.launch import open_backend, resolve
-    from sf_trt.generate import Request
+    from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
+    from sf_trt.backends import BackendSpec
+    from sf_trt.entrypoints.model import ModelSpec, resolve
+    from sf_trt.formats.model_dir import DEFAULT_WEIGHTS
+    from sf_trt.generate import Generator, Request
 
     ap = _parser()
     args = ap.parse_args(argv)
@@ -66,24 +66,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             ap.error(f"--prompt-id {args.prompt_id!r} is not in {args.prompts} (ids: {', '.join(p['id'] for p in lines)})")
     else:  # N lanes: the file's first N prompts, repeated when it has fewer
         chosen = [lines[i % len(lines)] for i in range(args.lanes)]
-    gen_argv = ["generate", "--chat", "-", "--ignore-eos", "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
-    gen_argv += ["--weights", args.weights] if args.weights else []
-    gen_argv += ["--temperature", "0.8", "--top-p", "0.95", "--seed", "1"] if args.sample else []
-    cli_args = build_parser().parse_args(gen_argv)
-    model = resolve(cli_args, progress=False)
+    model = resolve(ModelSpec(weights=args.weights or DEFAULT_WEIGHTS))
     prompts = [model.tokenizer.encode_chat(p["messages"], add_generation_prompt=True) for p in chosen]
-    mode, params = sampling(cli_args)
+    flags = SamplingFlag.IGNORE_EOS
+    mode, params = (Sampling.GPU_GUMBEL, SamplingParams(temperature=0.8, top_p=0.95, max_tokens=args.max_tokens, flags=flags)) \
+        if args.sample else (Sampling.GPU_GREEDY, SamplingParams(max_tokens=args.max_tokens, flags=flags))
+    seed = 1 if args.sample else 0
     window = -(-(max(map(len, prompts)) + args.max_tokens) // 256) * 256
-    prims = open_backend(cli_args, model, max_lanes=args.lanes, max_context=window)
-    requests = [Request(ids, mode, params, seed=cli_args.seed, speculate=args.speculate) for ids in prompts]
+    prims = BackendSpec(threads=args.threads).open(model.model_dir.path, max_lanes=args.lanes, max_context=window)
+    requests = [Request(ids, mode, params, seed=seed, speculate=args.speculate) for ids in prompts]
 
-    pass_timer = _Timed(prims._session.run_with_iobinding)  # onnxruntime's decoder run, nothing around it
-    prims._session.run_with_iobinding = pass_timer
-    sampler_timer = _Timed(prims._sampler.run)  # the verify-and-sample graph's runs, with their feeds
-    prims._sampler.run = sampler_timer
+    pass_timer, sampler_timer = _timers(prims)
 
-    gen = generator(prims, cli_args)
-    gen.run([Request(prompts[0][:32], mode, params, seed=cli_args.seed, speculate=False)])  # warm up
+    gen = Generator(prims)
+    gen.run([Request(prompts[0][:32], mode, params, seed=seed, speculate=False)])  # warm up
     prefill = _prefill_seconds(gen, requests, pass_timer)
     pass_timer.seconds = pass_timer.calls = 0
     sampler_timer.seconds = sampler_timer.calls = 0
@@ -109,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "prefill_s": round(prefill["wall"], 3),
     }
     if args.ops:
-        out["ops"] = _op_profile(prims, cli_args, args.lanes, window, args.ops_position)
+        out["ops"] = _op_profile(prims, args.threads, args.lanes, window, args.ops_position)
     _print(out, args, pass_timer.calls, sampler_timer.calls)
     if args.cprofile:
         prof = cProfile.Profile()
@@ -122,28 +118,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     prims.close()
 
 
-def _op_profile(prims, cli_args, lanes: int, window: int, position: int) -> dict:
+def _timers(prims) -> tuple[_Timed, _Timed]:
+    """Timers around onnxruntime's decoder run (nothing around it) and the verify-and-sample
+    graph's runs (with their feeds), through the decoder's profiling hook."""
+    timers = {}
+
+    def timed(name: str) -> Callable:
+        def wrap(fn: Callable) -> _Timed:
+            timers[name] = _Timed(fn)
+            return timers[name]
+        return wrap
+
+    prims.instrument(decoder_run=timed("pass"), sampler_run=timed("sampler"))
+    return timers["pass"], timers["sampler"]
+
+
+def _op_profile(prims, threads: int, lanes: int, window: int, position: int) -> dict:
     """onnxruntime's own profile of decoder passes of one row per lane at ``position``: the
     share of kernel time per op type (a session like the runtime's, with profiling on)."""
     import numpy as np
 
-    from sf_trt.backends.ort_session import open_session
     from sf_trt.primitives import Rows
 
     position = min(position, window - 1)
     with tempfile.TemporaryDirectory() as tmp:
-        session = open_session(
-            prims.model_dir / "decoder_pass.onnx", threads=cli_args.threads, config=prims._session_config("all"),
-            profile_prefix=str(Path(tmp) / "ops"),
-        )
-        runtime_session, prims._session = prims._session, session
-        prims._binding, prims._views, prims._bound = session.io_binding(), {}, None
         slots = np.arange(lanes, dtype=np.int64)
         rows = Rows(slots, np.full(lanes, position, np.int64), np.ones(lanes, np.int64), slots.copy())
-        for _ in range(OP_PROFILE_PASSES):
-            prims._forward_impl(rows)
-        events = json.loads(Path(session.end_profiling()).read_text())
-        prims._session, prims._binding, prims._views, prims._bound = runtime_session, runtime_session.io_binding(), {}, None
+        events = json.loads(prims.profile_passes(rows, OP_PROFILE_PASSES, str(Path(tmp) / "ops"), threads=threads).read_text())
     micros: dict[str, float] = {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
@@ -161,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-id", default="story_lighthouse", help="the prompt's id in --prompts")
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--weights", default=None, help="passed to the CLI's --weights (default: its default)")
+    ap.add_argument("--weights", default=None, help="the weights the model is exported with (default: the CLI's default, int8)")
     ap.add_argument("--speculate", action="store_true", help="prompt lookup on (default: plain decode)")
     ap.add_argument("--sample", action="store_true", help="temperature 0.8, top-p 0.95, seed 1 (default: greedy)")
     ap.add_argument("--lanes", type=int, default=1,

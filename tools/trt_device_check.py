@@ -6,27 +6,38 @@
 It builds small engines (and the real model's) and checks, one row each (PASS, FAIL or NOTE):
 
 (a) integer division: one-node int64 ``Mod`` and ``Div`` engines against numpy, on operands
-    below 2**24 (what every sf_trt graph keeps to: must be exact) and on the values of
-    NVIDIA/TensorRT#4702 and Torch-TensorRT#3230 up to 2**62 (a NOTE either way: no sf_trt
-    graph relies on them);
+    below 2**24 with power-of-two divisors (what sf_trt's verify and decoder graphs divide by:
+    must be exact), with other divisors (a NOTE: a division through a float32 reciprocal may
+    round them, and only the copy-model fake divides by them) and on the values of
+    NVIDIA/TensorRT#4702 and Torch-TensorRT#3230 up to 2**62 (a NOTE either way);
 (b) the verify engine: its ``u`` against ``hash_u`` and its tokens against
     ``reference_verify_sample``, bit for bit, for random keys and positions (0, 2**63 - 1 and
     2**31 - 1 among them); the production verify engine draws the debug engine's tokens;
 (c) packing: one lane's rows alone and inside wider passes (other lanes beside it, split
-    otherwise, at another slot): decoder logits and verify tokens bit for bit, with an fp32
-    and an fp16 decoder;
-(d) the real model (SmolLM2-135M-Instruct) exported fp16: greedy agreement with onnxruntime
-    fp32 on tools/prompts/bench.jsonl, and speculative == plain, greedy and sampled;
-(e) CUDA-graph replay == eager enqueue, bit for bit;
+    otherwise, at another slot): decoder logits and verify tokens bit for bit, with tiny
+    decoders in fp32, fp16, bf16 and with int8 weights (the export default); each also
+    against onnxruntime running the same graph (bf16: the fp32 graph) within its precision;
+(d) the real model (SmolLM2-135M-Instruct) exported fp16 from a local GGUF (``--gguf``, or the
+    cached default; never fetched): greedy agreement with onnxruntime fp32 on
+    tools/prompts/bench.jsonl, and speculative == plain, greedy and sampled;
+(e) CUDA-graph replay == eager enqueue, bit for bit, and every engine's graph was captured
+    (a capture that fell back to plain enqueues FAILs);
 (f) tokens/s, plain and speculative, on the real model;
-(g) the seed contract (tests/test_prompt_lookup.py) on the TensorRT fake (the copy model).
+(g) the seed contract (tests/test_prompt_lookup.py) on the TensorRT fake (the copy model);
+(h) rows in every slot of the full-shape real-model engine (8 lanes x 16 rows, the build's
+    default): one continuation in every lane at t = 0..15, every slot's logits bit for bit
+    against the same row computed alone (one row a pass), lane slot 0 against slot 5 named
+    (NVIDIA/TensorRT#4796, #4853: identical rows of a batch that differ).
 
 The table goes to the screen; every row with its details to ``--json`` (default
-``trt_device_check.json``), tracebacks to ``--json`` with ``.log``; engines are cached under
-``--out`` (default ``.trt_device_check/``). Target: under 8 minutes on one GPU.
+``trt_device_check.json``: :data:`SCHEMA`, the TensorRT, CUDA, driver and GPU it ran on),
+tracebacks to ``--json`` with ``.log``; engines are cached under ``--out`` (default
+``.trt_device_check/``). Target: under 8 minutes on one GPU.
 
-Exit status: 0 no row failed; 1 a row FAILed; 2 TensorRT, torch with CUDA or a GPU is
-missing here (one line, nothing run). The check functions take any backend, so the tests
+Exit status: 0 every check asked for PASSed (:func:`verdict`: a check that did not run,
+or ran without passing, is no pass); 1 a row FAILed or a check did not pass; 2 TensorRT,
+torch with CUDA or a GPU is missing here, or the stack's CUDA majors disagree (one line,
+nothing run). The check functions take any backend, so the tests
 run them on onnxruntime standing in for the engines (tests/backends/tensorrt/test_stand_in.py).
 """
 
@@ -36,6 +47,7 @@ import argparse
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import json
 import sys
 import time
@@ -46,13 +58,30 @@ from typing import Any, Callable
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
 TINY_SHAPES = dict(max_lanes=4, rows_per_lane=8, max_context=64)
 """The tiny decoder's engines: 4 lanes of 8 rows a run (32 logit rows), 64 positions."""
-REAL_SHAPES = dict(max_lanes=4, rows_per_lane=16, max_context=512)
-"""The real model's engines: the bench prompts (up to ~310 tokens) and their outputs fit."""
+REAL_SHAPES = dict(max_lanes=8, rows_per_lane=16, max_context=512)
+"""The real model's engines at the build's default shape (8 lanes x 16 rows = 128 rows a run);
+the bench prompts (up to ~310 tokens) and their outputs fit."""
+TINY_VARIANTS = {"fp32": ("float32", "fp32"), "fp16": ("float32", "fp16"), "bf16": ("float32", "bf16"), "int8": ("int8", "fp32")}
+"""The tiny decoders (c) builds: ``variant -> (weights, precision)``; int8 weights are the export's default."""
+CLOSE_TO_ORT = {"fp32": 1e-3, "int8": 1e-3, "fp16": 3e-2, "bf16": 2.5e-1}
+"""Largest |logit difference| of each tiny engine against onnxruntime running its graph (bf16: the fp32
+graph, onnxruntime has no bfloat16 MatMul on the CPU); the tiny model's logits are within +-4."""
+SCHEMA = {
+    "schema": int, "environment": dict, "requested": list, "complete": bool, "failed": bool, "passed": bool, "rows": list,
+}
+"""The JSON's top-level keys and their types (``schema`` = 2)."""
+ENVIRONMENT_KEYS = ("tensorrt", "tensorrt_wheel", "torch", "torch_cuda", "driver", "driver_cuda", "gpu", "onnxruntime")
+"""What ``environment`` records: TensorRT (and its wheel's CUDA major), torch and its CUDA runtime,
+the kernel driver and the CUDA it supports, the GPU, the onnxruntime wheels installed."""
+ROW_KEYS = ("id", "check", "status", "seconds", "detail", "data")
+CHECKS = {"a": "integer division", "b": "verify engine", "c": "packing (tiny decoders)", "d": "real model",
+          "e": "CUDA-graph replay", "g": "seed contract", "h": "full-shape rows"}
+"""The checks that must each PASS (at least one row, none failed) for the run to pass; (d) and (h)
+need the real model (``--skip-real`` leaves them out, and the JSON says ``complete: false``)."""
+REAL_CHECKS = ("d", "h")
 VERIFY_VOCAB, VERIFY_TOP_K = 512, 64
 STATUSES = ("PASS", "FAIL", "NOTE")
 
@@ -113,8 +142,41 @@ class Table:
     def failed(self) -> bool:
         return any(r.status == "FAIL" for r in self.rows)
 
-    def to_json(self, environment: str) -> dict:
-        return {"environment": environment, "failed": self.failed, "rows": [dataclasses.asdict(r) for r in self.rows]}
+    def to_json(self, environment: dict, requested: list[str]) -> dict:
+        passed, missing = verdict(self.rows, requested)
+        return {
+            "schema": 2, "environment": environment, "requested": list(requested), "complete": set(requested) >= set(CHECKS),
+            "failed": self.failed, "passed": passed, "not_passed": missing, "rows": [dataclasses.asdict(r) for r in self.rows],
+        }
+
+
+def verdict(rows: list[Row], requested: list[str]) -> tuple[bool, list[str]]:
+    """``(passed, the requested checks that did not pass)``: a check passes when it has at least one
+    row, a PASS among them, and no FAIL. A run with a FAIL anywhere does not pass; nor does one where a
+    requested check left no row (it crashed before reporting) or only NOTEs."""
+    missing = []
+    for cid in requested:
+        statuses = [r.status for r in rows if r.id == cid]
+        if "FAIL" in statuses or "PASS" not in statuses:
+            missing.append(cid)
+    return not missing and not any(r.status == "FAIL" for r in rows), missing
+
+
+def check_report(report: dict) -> list[str]:
+    """How a JSON report departs from :data:`SCHEMA` (empty: it conforms)."""
+    problems = [f"{k}: missing" for k in SCHEMA if k not in report]
+    problems += [f"{k}: {type(report[k]).__name__}, expected {t.__name__}" for k, t in SCHEMA.items() if k in report and not isinstance(report[k], t)]
+    env = report.get("environment", {})
+    problems += [f"environment.{k}: missing" for k in ENVIRONMENT_KEYS if k not in env]
+    for i, row in enumerate(report.get("rows", [])):
+        problems += [f"rows[{i}].{k}: missing" for k in ROW_KEYS if k not in row]
+        if row.get("status") not in STATUSES:
+            problems.append(f"rows[{i}].status: {row.get('status')!r}, expected one of {STATUSES}")
+    full = [r for r in report.get("rows", []) if r.get("id") == "h" and r.get("status") == "PASS"]
+    for r in full:
+        data = r.get("data") or {}
+        problems += [f"rows (h).data.{k}: missing" for k in ("lanes", "rows_per_lane", "slots_compared", "slot0_vs_slot5", "mismatched_slots") if k not in data]
+    return problems
 
 
 # -- checks that run on any backend (the tests run them on the onnxruntime stand-in) ----------
@@ -313,7 +375,7 @@ def replay_equals_eager(make_prims: Callable[[bool], Any], vocab: int) -> str:
         ([0, 1, 2], [10, 6, 1], [seq[0][10], seq[1][6], seq[2][1]]),
         ([0] * 4 + [2], [11, 12, 13, 14, 2], list(seq[0][11:15]) + [seq[2][2]]),  # a verify pass
     ]
-    results = []
+    results, captured = [], {}
     for graphs in (True, False):
         p = make_prims(graphs)
         got = []
@@ -324,20 +386,74 @@ def replay_equals_eager(make_prims: Callable[[bool], Any], vocab: int) -> str:
         p.truncate(0, 12)  # a rejected tail, rewritten by the next pass
         out = p.forward(rows([0], [12], [seq[0][20]], [0]))
         got.append((bits(p.logits_host(out)).copy(), np.zeros(0)))
+        if graphs:
+            captured = p.graphs_captured()
         p.close()
         results.append(got)
+    fell_back = sorted(name for name, ok in captured.items() if not ok)
+    if not captured or fell_back:
+        raise AssertionError(f"no CUDA graph was captured for {fell_back or 'any engine'}: the replay compared plain enqueues with plain enqueues")
     for i, ((a, ta), (b, tb)) in enumerate(zip(*results)):
         if not (np.array_equal(a, b) and np.array_equal(ta, tb)):
             raise AssertionError(f"pass {i}: replayed and eager runs differ")
-    return f"{len(passes) + 1} passes (prefill, decode, verify, rollback): logits and tokens bit for bit"
+    return f"{len(passes) + 1} passes (prefill, decode, verify, rollback), graphs captured for {sorted(captured)}: logits and tokens bit for bit"
+
+
+def full_shape_rows(make_prims: Callable[[], Any], prompt: list[int], continuation: list[int]):
+    """(h): ``continuation`` (``T`` tokens, ``T`` = the engine's rows per lane) after ``prompt`` in
+    every lane of a full-shape pass, so every one of the ``L x T`` slots of the run holds a row
+    (``t > 0`` included); each slot's logits bit for bit against the same row computed alone (lane
+    0, one row a pass). ``(detail, data)``; AssertionError naming the slots that differ."""
+    alone = make_prims()
+    L, T = alone.capabilities.max_lanes, len(continuation)
+    seq = list(prompt) + list(continuation)
+    want = []
+    for p_ in range(len(seq)):
+        out = alone.forward(rows([0], [p_], [seq[p_]], [0]))
+        if p_ >= len(prompt):
+            want.append(bits(alone.logits_host(out)[0]).copy())
+    alone.close()
+    full = make_prims()
+    n = len(prompt)
+    for lane in range(L):  # the prompt into every lane (its own passes: the cache rows are compared through the logits)
+        full.forward(rows([lane] * n, range(n), prompt, []))
+    lanes = np.repeat(np.arange(L), T)
+    out = full.forward(rows(lanes, np.tile(np.arange(n, n + T), L), np.tile(continuation, L), range(L * T)))
+    got = bits(full.logits_host(out)).reshape(L, T, -1)
+    full.close()
+    mismatched = [[lane, t] for lane in range(L) for t in range(T) if not np.array_equal(got[lane, t], want[t])]
+    slot0_vs_5 = bool(L > 5 and np.array_equal(got[0], got[5]))
+    data = {"lanes": L, "rows_per_lane": T, "slots_compared": L * T, "slot0_vs_slot5": slot0_vs_5, "mismatched_slots": mismatched}
+    if mismatched or (L > 5 and not slot0_vs_5):
+        raise AssertionError(
+            f"{len(mismatched)} of {L * T} slots differ from the row alone (first: lane, t = {mismatched[:4]}); "
+            f"lane slot 0 {'==' if slot0_vs_5 else '!='} slot 5"
+        )
+    return f"{L} lanes x {T} rows: all {L * T} slots bit for bit == the row alone; lane slot 0 == slot 5", data
+
+
+def close_to_reference(make_prims: Callable[[], Any], make_ref: Callable[[], Any], vocab: int, atol: float):
+    """(c): the same passes on an engine and on onnxruntime running its graph: largest |difference|
+    of the logits at most ``atol``. ``(detail, data)``."""
+    rng = np.random.default_rng(5)
+    seq = rng.integers(0, vocab, 12)
+    passes = [([0] * 6, list(range(6)), list(seq[:6])), ([0, 2], [6, 0], [seq[6], seq[7]]), ([0, 2, 2], [7, 1, 2], [seq[8], seq[9], seq[10]])]
+    worst, p, ref = 0.0, make_prims(), make_ref()
+    for lanes, positions, tokens in passes:
+        r = rows(lanes, positions, tokens, range(len(lanes)))
+        worst = max(worst, float(np.abs(p.logits_host(p.forward(r)) - ref.logits_host(ref.forward(r))).max()))
+    p.close()
+    ref.close()
+    if not worst <= atol:
+        raise AssertionError(f"logits differ from onnxruntime's by up to {worst:.3g}, expected at most {atol}")
+    return f"logits within {worst:.3g} of onnxruntime's (at most {atol})", {"max_abs_diff": worst, "atol": atol}
 
 
 def seed_contract(make_primitives: Callable[[Any], Any], label: str) -> str:
     """tests/test_prompt_lookup.py with its FakePrimitives replaced by ``make_primitives(cfg)``."""
-    tests_dir = str(ROOT / "tests")
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    seed = importlib.import_module("test_prompt_lookup")
+    spec = importlib.util.spec_from_file_location("sf_trt_seed_contract", ROOT / "tests" / "test_prompt_lookup.py")
+    seed = sys.modules["sf_trt_seed_contract"] = importlib.util.module_from_spec(spec)  # a copy of its own (dataclasses look it up)
+    spec.loader.exec_module(seed)
     tests = [(n, f) for n, f in vars(seed).items() if n.startswith("test_") and callable(f)]
     failed = []
     original = seed.FakePrimitives
@@ -384,23 +500,26 @@ def stand_in_fake(cfg):
     return TensorRTPrimitives.stand_in(copy_graph(cfg), build_verify_graph(cfg.vocab, caps["top_k_limit"]), ShapeLimits(**fake_shapes(cfg)), **caps)
 
 
-def tiny_decoder(precision: str = "fp32"):
-    """``(LlamaConfig, graph)`` of the tiny random Llama, caches symbolic (as exported)."""
+def tiny_decoder(variant: str = "fp32"):
+    """``(LlamaConfig, graph)`` of the tiny random Llama as :data:`TINY_VARIANTS` ``variant``
+    (a precision, or ``int8`` weights), caches symbolic (as exported)."""
     from sf_trt.export.decoder_graph import build_decoder_graph
     from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config()
-    return cfg, build_decoder_graph(cfg, random_llama_weights(cfg, seed=0), precision=precision)
+    weights, precision = TINY_VARIANTS[variant]
+    return cfg, build_decoder_graph(cfg, random_llama_weights(cfg, seed=0), weight_dtype=weights, precision=precision)
 
 
-def tiny_stand_in(precision: str = "fp32"):
-    """The tiny decoder's pass logic on onnxruntime (CPU), at the tiny engines' shapes."""
+def tiny_stand_in(variant: str = "fp32", shapes: dict | None = None):
+    """The tiny decoder's pass logic on onnxruntime (CPU), at the tiny engines' shapes (or ``shapes``)."""
     from sf_trt.backends.tensorrt import TensorRTPrimitives
     from sf_trt.formats.shapes import ShapeLimits
     from sf_trt.graphs.verify import build_verify_graph
 
-    cfg, graph = tiny_decoder(precision)
-    return TensorRTPrimitives.stand_in(graph, build_verify_graph(cfg.vocab, 16), ShapeLimits(**TINY_SHAPES), eos=cfg.eos, top_k_limit=16)
+    cfg, graph = tiny_decoder(variant)
+    limits = ShapeLimits(**(shapes or TINY_SHAPES))
+    return TensorRTPrimitives.stand_in(graph, build_verify_graph(cfg.vocab, 16), limits, eos=cfg.eos, top_k_limit=16, max_rows_per_pass=limits.max_lanes * limits.rows_per_lane * 2)
 
 
 SPEC_PROMPTS = [[10, 11, 12, 13, 10, 11, 12], [7, 8, 9, 7, 8, 9, 7], [100, 200, 30, 40, 100, 200], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]]
@@ -409,15 +528,16 @@ SPEC_PROMPTS = [[10, 11, 12, 13, 10, 11, 12], [7, 8, 9, 7, 8, 9, 7], [100, 200, 
 # -- the device: TensorRT, a GPU, engines ------------------------------------------------------
 
 
-def environment() -> tuple[Any, str]:
-    """``(tensorrt, description)``, or :class:`Missing` saying in one line what is missing."""
+def environment() -> tuple[Any, dict]:
+    """``(tensorrt, the versions found)`` (:data:`ENVIRONMENT_KEYS`), or :class:`Missing` saying in
+    one line what is missing or mismatched."""
     from sf_trt.backends.tensorrt import TensorRTUnavailable
-    from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt
+    from sf_trt.backends.tensorrt.probes import cuda_mismatch, device_info, import_tensorrt, onnxruntime_distributions, stack_versions
 
     try:
         trt = import_tensorrt()
     except TensorRTUnavailable as exc:
-        raise Missing(f"{exc} (this check needs TensorRT from NVIDIA's index and an NVIDIA GPU)") from None
+        raise Missing(f"{exc} (this check needs TensorRT, pip install -e '.[gpu-cu12]' or '.[gpu-cu13]', and an NVIDIA GPU)") from None
     try:
         import torch
     except ImportError as exc:
@@ -425,10 +545,17 @@ def environment() -> tuple[Any, str]:
     if not torch.cuda.is_available():
         raise Missing(f"TensorRT {trt.__version__} is installed but torch sees no CUDA GPU")
     try:
-        cc, name = device_info()
+        device_info()
     except TensorRTUnavailable as exc:
         raise Missing(f"TensorRT {trt.__version__} is installed but {exc}") from None
-    return trt, f"TensorRT {trt.__version__}, {name}, compute capability {cc}, torch {torch.__version__}"
+    versions = stack_versions(trt)
+    mismatch = cuda_mismatch(versions)
+    if mismatch:
+        raise Missing(f"{mismatch} ({versions.line()})")
+    wheels = onnxruntime_distributions()
+    if len(wheels) > 1:
+        raise Missing(f"{' and '.join(wheels)} are both installed and write the same package: keep one (docs/tensorrt.md, 'Install')")
+    return trt, {**versions.to_json(), "onnxruntime": wheels}
 
 
 class Engines:
@@ -483,6 +610,7 @@ def trt_runner(trt, engine_dir: Path, name: str):
 
     from sf_trt.backends.tensorrt.buffers import BufferPlan, numpy_dtype
     from sf_trt.backends.tensorrt.device import TorchDevice
+    from sf_trt.backends.tensorrt.probes import start_tensorrt
     from sf_trt.backends.tensorrt.runners import TrtRunner
     from sf_trt.formats.manifest import read_manifest
 
@@ -490,7 +618,7 @@ def trt_runner(trt, engine_dir: Path, name: str):
     dev = TorchDevice(torch, 0)
     plan = BufferPlan.from_manifest(entry)
     with dev.current():
-        runner = TrtRunner(trt, trt.Runtime(trt.Logger(trt.Logger.WARNING)), name, (engine_dir / entry.engine_file).read_bytes(), plan, dev)
+        runner = TrtRunner(trt, start_tensorrt(trt, "Runtime", trt.Logger(trt.Logger.WARNING)), name, (engine_dir / entry.engine_file).read_bytes(), plan, dev)
 
     def run(feeds: dict) -> dict:
         dev_feeds = {b.name: dev.to_device(np.asarray(feeds[b.name]).astype(numpy_dtype(b.dtype))) for b in plan.inputs()}
@@ -503,21 +631,63 @@ INT_CASES = [(18542495, 32), (2147483647, 32), (1800000000, 32), (59505712869636
 """NVIDIA/TensorRT#4702 (x % 32), Torch-TensorRT#3230 (a large int64 % 196613), and more above 2**24."""
 
 
-def int_division(trt, engines: Engines) -> tuple[str, str]:
-    """(a): one-node int64 Mod (fmod=0) and Div engines against numpy: ``(detail, note)``, the
-    pairs below 2**24 (must be exact, else AssertionError) and those above (reported)."""
+def int_operands(rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
+    """``(pairs [n, 2] int64, how many have power-of-two divisors, how many are below 2**24)``:
+    dividends below 2**24 over divisors ``2**0 .. 2**12`` (4096 and 2 are what sf_trt's graphs
+    divide by), then over other divisors up to 4097, then :data:`INT_CASES` (up to 2**62)."""
+    pow2 = np.stack([rng.integers(0, 2**24, 2048), 2 ** rng.integers(0, 13, 2048)], axis=1)
+    pow2[:4] = [[2**24 - 1, 1], [2**24 - 1, 4096], [16773118, 4096], [0, 2]]
+    other = np.stack([rng.integers(0, 2**24, 2048), rng.integers(3, 4098, 2048)], axis=1)
+    other[:, 1] += (other[:, 1] & (other[:, 1] - 1)) == 0  # no power of two here (3..4097 -> odd neighbours)
+    other[1024:, 0] = other[1024:, 1] * (other[1024:, 0] // other[1024:, 1])  # exact multiples: where a reciprocal rounds down
+    other[:2] = [[2**24 - 1, 3], [18542495 % 2**24, 4095]]
+    pairs = np.concatenate([pow2, other, np.array(INT_CASES, np.int64)]).astype(np.int64)
+    return pairs, len(pow2), len(pow2) + len(other)
+
+
+def judge_int_division(pairs: np.ndarray, n_pow2: int, n_small: int, mod: np.ndarray, div: np.ndarray) -> dict:
+    """Which engine results differ from Python's integers (floor division, Mod with fmod=0), by
+    group: ``pow2`` (below 2**24, power-of-two divisors: must be exact), ``other`` (below 2**24,
+    other divisors: reported), ``wide`` (up to 2**62: reported). Each group: ``{"pairs", "wrong",
+    "examples"}``."""
+    out = {}
+    for group, lo, hi in (("pow2", 0, n_pow2), ("other", n_pow2, n_small), ("wide", n_small, len(pairs))):
+        wrong = []
+        for i in range(lo, hi):
+            a, b = int(pairs[i, 0]), int(pairs[i, 1])
+            if int(mod[i]) != a % b or int(div[i]) != a // b:
+                wrong.append(f"{a} % {b} -> {int(mod[i])} (want {a % b}), // -> {int(div[i])} (want {a // b})")
+        out[group] = {"pairs": hi - lo, "wrong": len(wrong), "examples": wrong[:3]}
+    return out
+
+
+def int_division_rows(judged: dict) -> list[tuple[str, str, str]]:
+    """``(status, check, detail)`` rows of (a) from :func:`judge_int_division`'s result: FAIL when a
+    power-of-two divisor below 2**24 went wrong; the other groups are NOTEs either way."""
+    p, o, w = judged["pow2"], judged["other"], judged["wide"]
+    rows_ = [(
+        "FAIL" if p["wrong"] else "PASS", "int64 Mod/Div below 2**24, power-of-two divisors (sf_trt's graphs rely on it)",
+        f"{p['wrong']} of {p['pairs']} pairs wrong, e.g. {p['examples'][0]}" if p["wrong"] else f"{p['pairs']} pairs exact",
+    )]
+    rows_.append(("NOTE", "int64 Mod/Div below 2**24, other divisors (only the copy-model fake divides so)",
+                  f"{o['wrong']} of {o['pairs']} wrong (a division through a float32 reciprocal gets exact multiples wrong), e.g. {o['examples'][0]}" if o["wrong"] else f"all {o['pairs']} exact"))
+    rows_.append(("NOTE", "int64 Mod/Div up to 2**62 (NVIDIA/TensorRT#4702)",
+                  f"{w['wrong']} of {w['pairs']} wrong, e.g. {w['examples'][0]}: sf_trt's graphs keep every integer below 2**24" if w["wrong"] else f"all {w['pairs']} exact"))
+    return rows_
+
+
+def int_division(trt, engines: Engines) -> dict:
+    """(a): one-node int64 Mod (fmod=0) and Div engines on :func:`int_operands`, judged by
+    :func:`judge_int_division`."""
     import onnx
     from onnx import TensorProto as T
     from onnx import helper as h
 
-    from sf_trt.export.trt_build import serialize_engine
+    from sf_trt.export.trt_build import serialize_engine, settings_for
     from sf_trt.export.trt_config import build_settings
     from sf_trt.formats.shapes import ShapeLimits, onnx_io
 
-    rng = np.random.default_rng(24)
-    small = np.stack([rng.integers(0, 2**24, 4096), rng.integers(1, 4097, 4096)], axis=1)
-    small[:4] = [[2**24 - 1, 1], [2**24 - 1, 4096], [16773118, 4096], [0, 7]]
-    pairs = np.concatenate([small, np.array(INT_CASES, np.int64)]).astype(np.int64)
+    pairs, n_pow2, n_small = int_operands(np.random.default_rng(24))
     n = len(pairs)
     vi = lambda name: h.make_tensor_value_info(name, T.INT64, ["rows"])  # noqa: E731
     graph = h.make_graph(
@@ -530,7 +700,7 @@ def int_division(trt, engines: Engines) -> tuple[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out / "int_division.onnx")
     # Not through build_engine: its check refuses exactly this (an unbounded integer Mod).
-    settings = build_settings("graph", "fp32", onnx_io(model), ShapeLimits(max_lanes=1, rows_per_lane=n, max_context=1), trt.__version__)
+    settings = settings_for(trt, build_settings("graph", "fp32", onnx_io(model), ShapeLimits(max_lanes=1, rows_per_lane=n, max_context=1), trt.__version__))
     engine = out / "int_division.engine"
     engine.write_bytes(serialize_engine(trt, out / "int_division.onnx", settings))
 
@@ -538,31 +708,16 @@ def int_division(trt, engines: Engines) -> tuple[str, str]:
 
     from sf_trt.backends.tensorrt.buffers import BufferPlan
     from sf_trt.backends.tensorrt.device import TorchDevice
+    from sf_trt.backends.tensorrt.probes import start_tensorrt
     from sf_trt.backends.tensorrt.runners import TrtRunner
 
     dev = TorchDevice(torch, 0)
     plan = BufferPlan.from_io("int_division", onnx_io(model), settings.profiles[0].max_dims())
     with dev.current():
-        runner = TrtRunner(trt, trt.Runtime(trt.Logger(trt.Logger.WARNING)), "int_division", engine.read_bytes(), plan, dev)
+        runner = TrtRunner(trt, start_tensorrt(trt, "Runtime", trt.Logger(trt.Logger.WARNING)), "int_division", engine.read_bytes(), plan, dev)
     got = runner.run({"a": dev.to_device(pairs[:, 0]), "b": dev.to_device(pairs[:, 1])})
     mod, div = dev.to_host(got["mod"]), dev.to_host(got["div"])
-    a = [int(x) for x in pairs[:, 0]]
-    b = [int(x) for x in pairs[:, 1]]
-    want_mod = np.array([x % y for x, y in zip(a, b)], dtype=object)
-    want_div = np.array([x // y for x, y in zip(a, b)], dtype=object)  # operands >= 0: floor == truncation
-    wrong = [i for i in range(n) if int(mod[i]) != want_mod[i] or int(div[i]) != want_div[i]]
-    below = [i for i in wrong if i < len(small)]
-    above = [i for i in wrong if i >= len(small)]
-    if below:
-        i = below[0]
-        raise AssertionError(f"{len(below)} of {len(small)} pairs below 2**24 wrong, e.g. {a[i]} % {b[i]} -> {int(mod[i])}, // -> {int(div[i])}")
-    first = f"{len(small)} pairs below 2**24 exact"
-    if above:
-        i = above[0]
-        second = f"{len(above)} of {len(INT_CASES)} wrong, e.g. {a[i]} % {b[i]} -> {int(mod[i])} (numpy {want_mod[i]}): sf_trt's graphs keep every integer below 2**24"
-    else:
-        second = f"all {len(INT_CASES)} exact (TensorRT {trt.__version__} divides int64 exactly here)"
-    return first, second
+    return judge_int_division(pairs, n_pow2, n_small, mod, div)
 
 
 def trt_prims(engine_dir: Path, model: str, eos: int, *, cuda_graphs: bool = False, **caps):
@@ -606,7 +761,10 @@ def real_model(engines: Engines, gguf: Path | None) -> RealModel:
     import precision_agreement
 
     if gguf is None:
-        dirs = {p: default_model_dir(progress=False, weight_dtype="float32", precision=p) for p in ("fp32", "fp16")}
+        try:  # never fetched: a device machine may have no network
+            dirs = {p: default_model_dir(progress=False, download=False, weight_dtype="float32", precision=p) for p in ("fp32", "fp16")}
+        except Exception as exc:
+            raise AssertionError(f"no local copy of the default model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); pass --gguf PATH") from None
     else:
         dirs = {p: export_model_dir(gguf, engines.root / f"model-{p}", progress=False, weight_dtype="float32", precision=p) for p in ("fp32", "fp16")}
     fp16 = ModelDir.open(dirs["fp16"])
@@ -687,13 +845,33 @@ def real_throughput(m: RealModel, max_tokens: int):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Exit status: 0 no row failed, 1 a row failed, 2 TensorRT, torch or a GPU is missing.")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 every check asked for passed; 1 a row failed or a check did not pass; "
+        "2 TensorRT, torch with CUDA or a GPU is missing, or the stack's CUDA majors disagree.",
+    )
     ap.add_argument("--out", type=Path, default=Path(".trt_device_check"), help="engine cache directory (default .trt_device_check/)")
     ap.add_argument("--json", type=Path, default=Path("trt_device_check.json"), help="where the rows go (default trt_device_check.json)")
-    ap.add_argument("--gguf", type=Path, default=None, help="the real model's GGUF (default: SmolLM2-135M-Instruct from the cache, fetched if absent)")
-    ap.add_argument("--skip-real", action="store_true", help="leave out (d) and (f), the real model (a NOTE row says so)")
+    ap.add_argument("--gguf", type=_local_file, default=None,
+                    help="the real model's GGUF, a local file (default: SmolLM2-135M-Instruct from sf_trt's cache; never fetched)")
+    ap.add_argument("--skip-real", action="store_true", help="leave out (d), (f) and (h), the real model (the JSON then says complete: false)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per bench prompt in (d) and (f) (default 64)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.max_tokens < 1:
+        ap.error(f"argument --max-tokens: {args.max_tokens} must be >= 1")
+    return args
+
+
+def _local_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a local file (the device check never fetches)")
+    return path
+
+
+def requested_checks(args: argparse.Namespace) -> list[str]:
+    """The checks of :data:`CHECKS` this run must pass: all, or all but the real model's."""
+    return [c for c in CHECKS if not (args.skip_real and c in REAL_CHECKS)]
 
 
 def main(argv=None) -> int:
@@ -707,9 +885,13 @@ def main(argv=None) -> int:
     engines, table = Engines(args.out, trt.__version__), Table()
     print(f"trt_device_check: {env}", flush=True)
 
-    above = table.run("a", "int64 Mod/Div below 2**24 (sf_trt's graphs rely on it)", lambda: int_division(trt, engines))
-    if above is not None:
-        table.run("a", "int64 Mod/Div up to 2**62 (NVIDIA/TensorRT#4702)", lambda: note(above))
+    def add(status: str, rid: str, check: str, detail: str, data: Any = None) -> None:
+        table.rows.append(Row(rid, check, status, 0.0, detail, data))
+
+    judged = table.run("a", "int64 Mod/Div engines built and run", lambda: ("built and run", int_division(trt, engines)))
+    if judged is not None:
+        for k, (status, check, detail) in enumerate(int_division_rows(judged)):
+            add(status, "a", check, detail, judged if k == 0 else None)
 
     def verify_check():
         from sf_trt.graphs.verify import build_verify_graph
@@ -722,35 +904,41 @@ def main(argv=None) -> int:
         return verify_against_reference(run_debug, run_plain, 64, VERIFY_VOCAB, VERIFY_TOP_K)
 
     table.run("b", "verify engine: u == hash_u, tokens == reference", verify_check)
-    tiny_dirs = {}
-    for precision in ("fp32", "fp16"):
-        def packing_check(precision=precision):
-            cfg, engine_dir = tiny_engines(engines, precision)
-            tiny_dirs[precision] = (cfg, engine_dir)
+    tiny_dirs: dict = {}
+    for variant in TINY_VARIANTS:
+        def packing_check(variant=variant):
+            cfg, engine_dir = tiny_engines(engines, variant)
+            tiny_dirs[variant] = (cfg, engine_dir)
             return packing(lambda: trt_prims(engine_dir, "decoder", cfg.eos), cfg.vocab)
 
-        table.run("c", f"packing, tiny decoder {precision}: alone == packed", packing_check)
+        table.run("c", f"packing, tiny decoder {variant}: alone == packed", packing_check)
+        if variant in tiny_dirs:
+            cfg, engine_dir = tiny_dirs[variant]
+            table.run("c", f"tiny decoder {variant} vs onnxruntime", lambda: close_to_reference(
+                lambda: trt_prims(engine_dir, "decoder", cfg.eos), lambda: tiny_stand_in("fp32" if variant == "bf16" else variant),
+                cfg.vocab, CLOSE_TO_ORT[variant]))
 
     holder: dict = {}  # the real model, once exported and built
     if args.skip_real:
-        table.rows.append(Row("d", "real model fp16", "NOTE", 0.0, "skipped (--skip-real)"))
+        add("NOTE", "d", "real model", "skipped (--skip-real): (d), (f) and (h) not run; the run is not complete")
     else:
-
         def load_real():
             holder["m"] = real_model(engines, args.gguf)
             return f"SmolLM2 fp16 engines at {REAL_SHAPES}"
 
-        table.run("d", "real model: export fp16, build engines", load_real)
+        table.run("d", "real model: export fp16 from a local GGUF, build engines", load_real)
         if "m" in holder:
             m = holder["m"]
             table.run("d", "real model fp16 vs onnxruntime fp32, greedy", lambda: real_agreement(m, args.max_tokens))
             table.run("d", "real model fp16: speculative == plain", lambda: real_speculation(m, args.max_tokens))
+            table.run("h", "full-shape 8 x 16 engine: every slot == the row alone", lambda: full_shape_rows(
+                lambda: trt_prims(m.engine_dir, "decoder", m.eos), m.prompts[0][1][:24], [t for _, p in m.prompts[1:] for t in p][:REAL_SHAPES["rows_per_lane"]]))
 
     def replay_check():
         cfg, engine_dir = tiny_dirs.get("fp16") or tiny_engines(engines, "fp16")
         return replay_equals_eager(lambda graphs: trt_prims(engine_dir, "decoder", cfg.eos, cuda_graphs=graphs), cfg.vocab)
 
-    table.run("e", "CUDA-graph replay == eager", replay_check)
+    table.run("e", "CUDA-graph replay == eager, graphs captured", replay_check)
     if "m" in holder:
         table.run("f", "tokens/s, real model fp16", lambda: real_throughput(holder["m"], 2 * args.max_tokens))
 
@@ -764,13 +952,21 @@ def main(argv=None) -> int:
         return seed_contract(trt_fake, "the TensorRT fake")
 
     table.run("g", "seed contract on the TensorRT fake", seed_check)
-    table.rows.append(Row("-", "engines built this run", "NOTE", 0.0, ", ".join(engines.built) or "(all cached)"))
+    add("NOTE", "-", "engines built this run", ", ".join(engines.built) or "(all cached)")
+    return finish(table, env, requested_checks(args), args.json)
+
+
+def finish(table: Table, env: dict, requested: list[str], json_path: Path) -> int:
+    """Print the table, write the JSON (and the tracebacks); the exit status :func:`verdict` gives."""
     table.print()
-    args.json.write_text(json.dumps(table.to_json(env), indent=2, default=str) + "\n")
+    report = table.to_json(env, requested)
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if table.logs:
-        args.json.with_suffix(".log").write_text("\n".join(table.logs))
-    print(f"\nrows: {args.json}" + (f"; tracebacks: {args.json.with_suffix('.log')}" if table.logs else ""))
-    return 1 if table.failed else 0
+        json_path.with_suffix(".log").write_text("\n".join(table.logs))
+    print(f"\nrows: {json_path}" + (f"; tracebacks: {json_path.with_suffix('.log')}" if table.logs else ""))
+    if not report["passed"]:
+        print(f"trt_device_check: not passed: {', '.join(f'({c}) {CHECKS[c]}' for c in report['not_passed']) or 'a row failed'}")
+    return 0 if report["passed"] else 1
 
 
 if __name__ == "__main__":

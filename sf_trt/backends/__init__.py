@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from ..abi import Status, StatusError
 
-__all__ = ["Backend", "BACKENDS", "names", "register", "open_model"]
+__all__ = ["Backend", "BACKENDS", "BackendSpec", "names", "register", "open_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,28 @@ BACKENDS: dict[str, Backend] = {
                 "TensorRT engines built by `sf-trt build` (--engines)"),
     )
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    """What to run a model directory on: the backend's ``name`` (a :data:`BACKENDS` key),
+    onnxruntime's intra-op ``threads`` (None: one per core), the TensorRT ``engines``
+    directory (``tensorrt``; ``onnxruntime-trt`` caches its engines under it) and
+    ``spinning`` (onnxruntime's threads spin between ops instead of sleeping)."""
+
+    name: str = "onnxruntime"
+    threads: int | None = None
+    engines: str | os.PathLike | None = "engines"
+    spinning: bool = False
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
+            raise StatusError(Status.BAD_ARGUMENT, f"BackendSpec: threads must be None or an int >= 1 (got {self.threads!r})")
+
+    def open(self, model_dir: str | os.PathLike, *, max_lanes: int, max_context: int):
+        """This backend opened on ``model_dir`` (:func:`open_model`)."""
+        return open_model(self.name, model_dir, max_lanes=max_lanes, max_context=max_context, threads=self.threads,
+                          engines=self.engines, spinning=self.spinning)
 
 
 def names() -> list[str]:

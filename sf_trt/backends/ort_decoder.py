@@ -8,7 +8,8 @@ layout and keeps the KV cache on the host:
 * the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
   max_context + 1, head_dim]`` of the decoder's compute type (float32, or float16 for
   an fp16 export; position ``max_context`` of each lane is
-  the trash slot padding rows write to), allocated once. Each lane slot's cache
+  the trash slot padding rows write to), allocated once, in small pages that are committed
+  as positions are first written (:func:`lazy_zeros`). Each lane slot's cache
   lives in one *row* of the arrays' lane axis, not necessarily its own: a run
   needs its lanes' rows side by side, so that each layer's input is an OrtValue
   over a view of the arrays (made once per row range, bound with IOBinding) and
@@ -43,19 +44,22 @@ would cost more than another pass over the weights (:meth:`_plan_runs`).
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..abi import Sampling, Status, StatusError
-from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
+from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_GRAPH_FILE, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from .ort_adjust import HostLogitAdjust
+from .ort_logprobs import HostLogprobs
 from .ort_sampler import OrtVerifySampler
 from .ort_session import OPTIMIZATION_LEVELS, open_session, providers_for
 
-__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model"]
+__all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model", "lazy_zeros"]
 
 
 _GREEDY = int(Sampling.GPU_GREEDY)
@@ -88,11 +92,31 @@ class PassLogits(np.ndarray):
         return out
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array whose memory is committed in small (4 KiB) pages as they are first written.
+
+    ``np.zeros`` asks the kernel for transparent huge pages on arrays of 4 MiB and more, so the
+    first write anywhere in a 2 MiB stretch zeroes (and may first compact memory for) all of it.
+    A KV cache is written a position at a time across every (layer, lane, head) row: with huge
+    pages a lane's first prefill paid for its whole window, 1-3 s at the model's context of 8192
+    on this CPU, and the RSS grew by the window instead of the positions written
+    (docs/benchmarks.md, "Reproducing our own numbers"). Where the platform has no anonymous
+    ``mmap`` this is ``np.zeros``."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where the kernel's THP setting is "always"
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype).reshape(shape)
+
+
 def _bad(what: str) -> StatusError:
     return StatusError(Status.BAD_ARGUMENT, f"OrtDecoderPrimitives: {what}")
 
 
-class OrtDecoderPrimitives(PrimitivesBase):
+class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The exported decoder in ``model_dir`` on onnxruntime.
 
     ``max_lanes`` cache slots of ``max_context`` positions each (at most the
@@ -154,7 +178,7 @@ class OrtDecoderPrimitives(PrimitivesBase):
             Capabilities(
                 vocab=cfg.vocab, eos=cfg.eos, max_lanes=int(max_lanes), max_context=int(max_context),
                 max_rows_per_pass=int(max_rows_per_pass), verify_rows=True, truncate_partial=True,
-                kernel_capabilities=0, top_k_limit=top_k_limit, state_bytes_per_token=kv_bytes,
+                kernel_capabilities=0, top_k_limit=top_k_limit, logprobs=True, state_bytes_per_token=kv_bytes,
             )
         )
         self.model_dir = model.path
@@ -177,6 +201,35 @@ class OrtDecoderPrimitives(PrimitivesBase):
         self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
         self._allocate_cache()
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
+
+    # -- profiling hooks (tools/profile_decode.py, tools/bench_sampler.py) ----------------------
+
+    def instrument(self, *, decoder_run: Optional[Callable[[Callable], Callable]] = None,
+                   sampler_run: Optional[Callable[[Callable], Callable]] = None) -> None:
+        """Wrap the decoder session's ``run_with_iobinding`` and the verify sampler's ``run``:
+        each wrapper takes the callable and returns its stand-in (a timer, a recorder). What
+        they return is what the pass uses, so a wrapper must call through."""
+        if decoder_run is not None:
+            self._session.run_with_iobinding = decoder_run(self._session.run_with_iobinding)
+        if sampler_run is not None:
+            self._sampler.run = sampler_run(self._sampler.run)
+
+    def profile_passes(self, rows: Rows, passes: int, profile_prefix: str, threads: int | None = None) -> Path:
+        """Run ``passes`` forward passes over ``rows`` on a profiling twin of the decoder
+        session (onnxruntime's profiler on, ``profile_prefix`` for its file) and put the
+        runtime session back; the profile file's path. The lanes' caches are written as by
+        any pass."""
+        optimization = "all"
+        twin = open_session(self.model_dir / PASS_GRAPH_FILE, threads=threads, config=self._session_config(optimization),
+                            profile_prefix=profile_prefix)
+        runtime = self._session
+        self._session, self._binding, self._views, self._bound = twin, twin.io_binding(), {}, None
+        try:
+            for _ in range(passes):
+                self._forward_impl(rows)
+            return Path(twin.end_profiling())
+        finally:
+            self._session, self._binding, self._views, self._bound = runtime, runtime.io_binding(), {}, None
 
     def _session_config(self, optimization: str) -> dict[str, str]:
         spin = {"session.intra_op.allow_spinning": "1" if self.spinning else "0"}
@@ -205,8 +258,8 @@ class OrtDecoderPrimitives(PrimitivesBase):
         cfg, caps = self.config, self.capabilities
         shape = (cfg.n_layers, caps.max_lanes, cfg.n_kv_heads, caps.max_context + 1, cfg.head_dim)
         dtype = _CACHE_TYPES[self.precision]
-        self._keys = np.zeros(shape, dtype)
-        self._values = np.zeros(shape, dtype)
+        self._keys = lazy_zeros(shape, dtype)
+        self._values = lazy_zeros(shape, dtype)
         self._binding = self._session.io_binding()
         self._ort = ort
         self._views: dict[tuple[int, int], list] = {}  # (first row, rows) -> OrtValues of that range
@@ -230,9 +283,9 @@ class OrtDecoderPrimitives(PrimitivesBase):
         if rows.num_rows == 0:
             return logits.rows(inverse)
         # group rows by lane, lanes in order of first appearance
-        lane_order, first = np.unique(rows.lanes, return_index=True)
+        lane_order, first = np.unique(rows.slots, return_index=True)
         lane_order = lane_order[np.argsort(first, kind="stable")]
-        lane_rows = [np.flatnonzero(rows.lanes == lane) for lane in lane_order]
+        lane_rows = [np.flatnonzero(rows.slots == lane) for lane in lane_order]
         wanted = np.full(rows.num_rows, -1, np.int64)  # row -> its place in logit_rows
         wanted[unique_rows] = np.arange(unique_rows.shape[0])
         for group in self._plan_runs([r.shape[0] for r in lane_rows]):

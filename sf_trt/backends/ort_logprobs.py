@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graphs.logprobs import LOGITS, OUTPUTS, TOKENS, TOP_LOGPROBS_MAX, build_logprobs_graph
+from ..abi import TOP_LOGPROBS_MAX
 from .ort_session import open_session
 
-__all__ = ["OrtLogprobs"]
+__all__ = ["OrtLogprobs", "HostLogprobs"]
 
 
 class OrtLogprobs:
@@ -15,11 +15,28 @@ class OrtLogprobs:
     on one thread (the rows are few: the tokens a pass emitted for lanes that asked)."""
 
     def __init__(self, vocab: int) -> None:
+        from ..graphs import logprobs as graph  # imports onnx: not before a lane asks for logprobs
+
         self.vocab = int(vocab)
         self.top_n = min(TOP_LOGPROBS_MAX, self.vocab)
-        self._session = open_session(build_logprobs_graph(self.vocab), threads=1)
+        self._names = (graph.LOGITS, graph.TOKENS, list(graph.OUTPUTS))
+        self._session = open_session(graph.build_logprobs_graph(self.vocab), threads=1)
 
     def run(self, logits: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        feeds = {LOGITS: np.ascontiguousarray(logits, np.float32), TOKENS: np.ascontiguousarray(tokens, np.int64)}
-        lp, ids, top = self._session.run(list(OUTPUTS), feeds)
+        logits_name, tokens_name, outputs = self._names
+        feeds = {logits_name: np.ascontiguousarray(logits, np.float32), tokens_name: np.ascontiguousarray(tokens, np.int64)}
+        lp, ids, top = self._session.run(outputs, feeds)
         return lp, ids.astype(np.int64, copy=False), top
+
+
+class HostLogprobs:
+    """A backend's logprobs on the host (mixed into a :class:`~sf_trt.primitives.PrimitivesBase`
+    subclass whose capabilities say ``logprobs=True``): the rows' logits read with
+    ``logits_host``, then the logprobs graph on onnxruntime's CPU provider, made on first use."""
+
+    _logprobs_runner: "OrtLogprobs | None" = None
+
+    def _logprobs_impl(self, logits, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._logprobs_runner is None:
+            self._logprobs_runner = OrtLogprobs(self.capabilities.vocab)
+        return self._logprobs_runner.run(self.logits_host(logits)[rows], tokens)

@@ -36,11 +36,10 @@ import itertools
 from typing import Iterable, Optional
 
 from ..abi import Status, StatusError
+from ..engine import DEFAULT_SCOPE
 from .automaton import SEP, SuffixAutomaton
 from .base import DraftCap, DrafterBase, check_draft_config
 
-DEFAULT_SCOPE = ""
-"""The scope of lanes that name none: requests of one local user share a corpus."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +221,11 @@ class SuffixDrafter(DrafterBase):
             self._corpus.touch(scope)
         self.extend(history)
 
+
+    @property
+    def own(self) -> SuffixAutomaton:
+        """The automaton of this lane's own tokens (read by benchmarks and tests)."""
+        return self._own
     def _generations(self) -> list[Generation]:
         return self._corpus.generations(self._scope) if self._corpus is not None else []
 

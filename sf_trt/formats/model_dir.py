@@ -46,7 +46,7 @@ __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
     "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
     "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
-    "MAX_CONTEXT_LENGTH", "cache_names", "graph_facts", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
+    "MAX_CONTEXT_LENGTH", "cache_names", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
     "ModelDirError",
 ]
 
@@ -312,22 +312,3 @@ def made_by_export(path: str | os.PathLike) -> bool:
     if not isinstance(meta, dict) or not isinstance(meta.get("format"), int) or not isinstance(meta.get("files"), list):
         return False
     return entries <= {n for n in meta["files"] if isinstance(n, str)} | {CONFIG_FILE, STAMPS_NAME}
-
-
-def graph_facts(cfg: LlamaConfig, precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
-    """What ``config.json["graph"]`` records about the decoder graphs."""
-    from ..graphs.builder import OPSET
-
-    cache_type = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
-    return {
-        "opset": OPSET,
-        "graphs": {GRAPH_FILE: "slots", PASS_GRAPH_FILE: "pass"},
-        "inputs": list(INPUTS) + ["past_key_{i}", "past_value_{i}"],
-        "outputs": list(OUTPUTS),
-        "cache_layout": f"[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] {cache_type}; position max_context is the trash slot",
-        "new_kv_layout": f"[n_layers, 2 (key, value), batch, rows_per_lane, n_kv_heads, head_dim] {cache_type}",
-        "padding_position": PADDING_POSITION,
-        "rope": "interleaved pairs (GGUF q/k row order)",
-        "max_positions": cfg.context_length,
-        "dynamic_dims": ["batch", "rows_per_lane", "logit_rows", "max_lanes", "cache_len"],
-    }

@@ -18,6 +18,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from ..abi import LOGIT_BIAS_MAX_TOKENS, STOP_TOKEN_IDS_MAX
+
 if TYPE_CHECKING:
     import onnx
 
@@ -48,6 +50,8 @@ DIM_ROLES: dict[str, str] = {
     "context": "context", "T": "context", "ctx": "context", "past": "context", "kv_len": "context",
     # the state's own size
     "max_lanes": "lane_slots", "cache_len": "cache_len",
+    # entries of a logits row the adjust graph rewrites (sf_trt.graphs.adjust)
+    "adjust_entries": "adjust_entries",
 }
 ROLES = {
     "rows_per_pass": lambda limits: limits.rows_per_pass,
@@ -56,6 +60,8 @@ ROLES = {
     "context": lambda limits: limits.max_context,
     "lane_slots": lambda limits: limits.max_lanes,
     "cache_len": lambda limits: limits.max_context + 1,  # one trash slot past the last position
+    # a lane's distinct tokens (at most its context), its logit bias and its stop ids
+    "adjust_entries": lambda limits: limits.max_context + LOGIT_BIAS_MAX_TOKENS + STOP_TOKEN_IDS_MAX,
 }
 """Role -> its size under a :class:`ShapeLimits`."""
 

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..engine import TOP_LOGPROBS_MAX
+from ..abi import TOP_LOGPROBS_MAX
 from .builder import GraphBuilder
 from .verify import PAD_TO, padded_vocab
 

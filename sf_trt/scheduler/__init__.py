@@ -25,15 +25,17 @@ draft tokens, say).
 
 The package, by concern: :mod:`.requests` (what a request asks for, drafter names,
 RNG keys of choices), :mod:`.sequence` (a request's progress and what each step
-adds), :mod:`.policy` (the drafting policy) and :mod:`.scheduler` (the step).
+adds), :mod:`.policy` (the drafting policy), :mod:`.config` (how it runs:
+:class:`SchedulerConfig`) and :mod:`.scheduler` (the step).
 """
 
+from .config import SchedulerConfig
 from .policy import DraftPolicy, LoadAwareDrafting
-from .requests import DEFAULT_DRAFTER, DRAFTERS, FINISH_ERROR, Request, choice_key, strategy_id
-from .scheduler import Scheduler, run_to_completion
+from .requests import DEFAULT_DRAFTER, DRAFTERS, Request, choice_key, strategy_id
+from .scheduler import Scheduler
 from .sequence import Sequence, Update
 
 __all__ = [
-    "Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "FINISH_ERROR", "choice_key", "Sequence", "Update",
-    "DraftPolicy", "LoadAwareDrafting", "Scheduler", "run_to_completion",
+    "Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "choice_key", "Sequence", "Update",
+    "DraftPolicy", "LoadAwareDrafting", "SchedulerConfig", "Scheduler",
 ]

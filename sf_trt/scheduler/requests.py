@@ -8,15 +8,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Iterator, Optional, Sequence as Seq
 
-from ..abi import Finish, Sampling, SamplingParams, Status, StatusError
+from ..abi import Sampling, SamplingParams, Status, StatusError
 from ..drafting import DEFAULT_SCOPE
 from ..strategies import KINDS
 
-__all__ = ["Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "FINISH_ERROR", "choice_key"]
-
-FINISH_ERROR = Finish.ERROR
-"""How a request that failed ends (``Finish.ERROR`` where the fault-safe executor defines
-it); its ``error`` says why."""
+__all__ = ["Request", "strategy_id", "DRAFTERS", "DEFAULT_DRAFTER", "choice_key"]
 
 def strategy_id(kind: str) -> bytes:
     """The 32-byte id a drafter kind is registered under."""
@@ -62,7 +58,10 @@ class Request:
     when the executor has one); None keeps it private.
     ``stop`` (strings, matched on the decoded text; needs a tokenizer) and
     ``stop_token_ids`` end the output with ``Finish.STOP``; ``logprobs`` asks for each
-    token's logprob and that many alternatives (None: none).
+    token's logprob and that many alternatives (None: none); ``prompt_logprobs`` the
+    same for every prompt token after the first, from the prefill's rows.
+    ``prompt_only``: score the prompt and generate nothing (the API's ``max_tokens: 0``):
+    the lane is released once prefilled, finishing with ``Finish.LENGTH``.
     """
 
     prompt_ids: Seq[int]
@@ -76,6 +75,16 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: Optional[int] = None
     draft_scope: Optional[str] = DEFAULT_SCOPE
+    prompt_logprobs: Optional[int] = None
+    prompt_only: bool = False
+
+    def __post_init__(self) -> None:
+        # min_tokens holds the stop token ids back in the sampler: they join params' own, so
+        # the request keeps one record of what the lane samples with
+        held = set(self.params.stop_token_ids)
+        if self.params.min_tokens and not held.issuperset(self.stop_token_ids):
+            ids = tuple(sorted(held | set(self.stop_token_ids)))
+            object.__setattr__(self, "params", dataclasses.replace(self.params, stop_token_ids=ids))
 
 
 _MASK64 = 2**64 - 1

@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Callable, Optional, Sequence as Seq, Union
+from typing import Any, Callable, Optional
 
 from ..abi import Finish, Status, StatusError
 from ..engine import Events, Plan
 from ..executor import Executor, check_draft_scope
-from ..strategies import KINDS
-from .policy import DraftPolicy, LoadAwareDrafting
-from .requests import DRAFTERS, FINISH_ERROR, Request, strategy_id
+from .config import SchedulerConfig
+from .requests import DRAFTERS, Request, strategy_id
 from .sequence import Sequence, Update
 
-__all__ = ["Scheduler", "run_to_completion"]
+__all__ = ["Scheduler"]
 
 
 class Scheduler:
     """Admits, prefills, decodes and releases sequences on one Executor (module docstring).
 
-    Not thread-safe: one thread calls every method (the engine loop's, or the
+    ``config`` says how (:class:`~sf_trt.scheduler.config.SchedulerConfig`). Not
+    thread-safe: one thread calls every method (the engine loop's, or the
     Generator's caller). ``tokenizer`` (anything with ``stream(skip_special=...)``)
     is needed for text and stop strings.
     """
@@ -29,32 +29,15 @@ class Scheduler:
     def __init__(
         self,
         executor: Executor,
+        config: SchedulerConfig = SchedulerConfig(),
         *,
-        tick_tokens: int = 16,
-        prefill_chunk: int = 256,
-        prefill_budget: Optional[int] = None,
-        draft_config: Union[Any, Seq[Any], None] = None,
-        policy: Optional[DraftPolicy] = None,
         tokenizer: Any = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        for name, value in (("tick_tokens", tick_tokens), ("prefill_chunk", prefill_chunk), ("prefill_budget", prefill_budget or 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise StatusError(Status.BAD_ARGUMENT, f"Scheduler: {name} must be an int >= 1 (got {value!r})")
         self.executor = executor
         self.caps = executor.caps
-        self.tick_tokens = tick_tokens
-        self.prefill_chunk = prefill_chunk
-        self.prefill_budget = prefill_budget
-        configs = list(draft_config) if isinstance(draft_config, (list, tuple)) else [] if draft_config is None else [draft_config]
-        self.draft_configs: dict[str, Any] = {}
-        """Each drafter kind's configuration (kinds not named here: their defaults)."""
-        for config in configs:
-            kind = next((name for name, k in KINDS.items() if isinstance(config, k.config_type)), None)
-            if kind is None:
-                raise StatusError(Status.BAD_ARGUMENT, f"Scheduler: draft_config {type(config).__name__} is no drafter kind's config (kinds: {sorted(KINDS)})")
-            self.draft_configs[kind] = config
-        self.policy = policy if policy is not None else LoadAwareDrafting()
+        self.config = config
+        self.policy = config.policy
         self.tokenizer = tokenizer
         self.clock = clock
         self.can_speculate = bool(self.caps.verify_rows and self.caps.truncate_partial)
@@ -89,14 +72,19 @@ class Scheduler:
                 f"{name}: no lane slot can take it: all {self.caps.max_lanes} are held ({len(held)} quarantined after a failed release: "
                 f"{'; '.join(held.values())})",
             )
-        why = request.params.check_for(request.sampling, top_k_limit=self.caps.top_k_limit)
+        if request.prompt_logprobs is not None and not self.caps.verify_rows:
+            raise StatusError(Status.UNSUPPORTED, f"{name}: prompt_logprobs needs a backend with logit rows at every position (verify rows)")
+        why = request.params.check_for(request.sampling, top_k_limit=self.caps.top_k_limit, vocab=self.caps.vocab)
         if why:
             raise StatusError(Status.BAD_SAMPLING_PARAMS, f"{name}: {why}")
 
-    def add(self, request: Request, seq_id: int, arrival: Optional[float] = None, name: str = "request") -> Sequence:
+    def add(self, request: Request, seq_id: int, arrival: Optional[float] = None, name: str = "request", *,
+            checked: bool = False) -> Sequence:
         """Queue ``request`` as sequence (and lane) ``seq_id``; refused requests raise
-        StatusError (its message names the request as ``name``)."""
-        self.check(request, name)
+        StatusError (its message names the request as ``name``). ``checked``: the caller
+        ran :meth:`check` on it already (the engine loop's door), so it is not run twice."""
+        if not checked:
+            self.check(request, name)
         if seq_id in self.running or any(s.seq_id == seq_id for s in self.waiting):
             raise StatusError(Status.LANE_ALREADY_ADMITTED, f"add: sequence {seq_id} is already queued or running")
         prompt_id = self.executor.register_prompt(list(request.prompt_ids))
@@ -109,7 +97,7 @@ class Scheduler:
     def abort(self, seq_id: int, error: Optional[str] = None) -> Optional[Update]:
         """End a waiting or running sequence now (``Finish.ABORTED``, or ``ERROR`` with
         ``error``); its lane is released. None when no such sequence is live."""
-        finish = Finish.ABORTED if error is None else FINISH_ERROR
+        finish = Finish.ABORTED if error is None else Finish.ERROR
         for seq in self.waiting:
             if seq.seq_id == seq_id:
                 self.waiting.remove(seq)
@@ -139,7 +127,7 @@ class Scheduler:
         the lanes of a kind share what it keeps across requests (the suffix corpus)."""
         kind = DRAFTERS[drafter]
         if kind not in self._slots:
-            self._slots[kind], _ = self.executor.register_strategy(kind, strategy_id(kind), bytes(32), 0, self.draft_configs.get(kind))
+            self._slots[kind], _ = self.executor.register_strategy(kind, strategy_id(kind), bytes(32), 0, self.config.draft_configs.get(kind))
         return self._slots[kind]
 
     def _slot(self, request: Request) -> int:
@@ -160,27 +148,32 @@ class Scheduler:
             seq = self.waiting.popleft()
             r = seq.request
             # start from the longest prefix the cache holds for the request's scope; prefill the rest
+            # (all of it for prompt logprobs, which score every prompt position in the prefill)
             if self.executor.prefix_cache is not None:
-                seq.cached_len = seq.prefilled_len = self.executor.cached_prefix(seq.prompt_id, r.draft_scope)
+                held = 0 if r.prompt_logprobs is not None else self.executor.cached_prefix(seq.prompt_id, r.draft_scope)
+                seq.cached_len = seq.prefilled_len = held
             plan.admit(seq.seq_id, seq.prompt_id, strategy_slot=self._slot(r), sampling=r.sampling, params=r.params,
-                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope, cached_len=seq.prefilled_len)
+                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope, cached_len=seq.prefilled_len,
+                       prompt_logprobs=r.prompt_logprobs)
             seq.admitted, seq.admitted_at = True, now
             self.running[seq.seq_id] = seq
-        budget = self.prefill_budget
+        budget = self.config.prefill_budget
         decoding = []
         for seq in self.running.values():
             left = seq.prompt_len - seq.prefilled_len
             if left and (budget is None or budget > 0):
-                n = min(self.prefill_chunk, left, budget if budget is not None else left)
+                n = min(self.config.prefill_chunk, left, budget if budget is not None else left)
                 plan.prefill(seq.seq_id, seq.prefilled_len, n)
                 seq.prefilled_len += n
                 if budget is not None:
                     budget -= n
-            if seq.decoding:
+            if seq.decoding and seq.request.prompt_only:
+                plan.release(seq.seq_id)  # scored: the prefill's emit carries the prompt logprobs
+            elif seq.decoding:
                 decoding.append(seq)
-        asks = self.policy.plan(decoding, self.tick_tokens)
+        asks = self.policy.plan(decoding, self.config.tick_tokens)
         for seq in decoding:
-            n, max_draft = asks.get(seq.seq_id, (self.tick_tokens, None))
+            n, max_draft = asks.get(seq.seq_id, (self.config.tick_tokens, None))
             cap = seq.request.max_draft  # the request's own cap (0: none) within the policy's
             if cap and max_draft != 0:
                 max_draft = cap if max_draft is None else min(cap, max_draft)
@@ -250,11 +243,3 @@ class Scheduler:
                 del self.running[lane]
             self.executor.tick(plan)
         return updates
-
-
-def run_to_completion(scheduler: Scheduler, on_update: Optional[Callable[[Update], None]] = None) -> None:
-    """Step until nothing is waiting or running."""
-    while scheduler.has_work:
-        for update in scheduler.step():
-            if on_update is not None:
-                on_update(update)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ..abi import Finish
 from ..engine import Emit, TokenLogprobs
+from ..outputs import RequestOutput
 from .requests import Request
 
 __all__ = ["Sequence", "Update", "ACCEPTANCE_PRIOR", "ACCEPTANCE_DECAY"]
@@ -70,6 +71,8 @@ class Sequence:
         """Decoding ticks since the lane last could draft (the drafting policy's probes read it)."""
         self.may_draft = False  # in the current tick
         self.logprobs_parts: list[TokenLogprobs] = []
+        self.prompt_logprobs_parts: list[TokenLogprobs] = []
+        self._prompt_logprobs_taken = False
         self._decoder = decoder
         self.text: Optional[str] = "" if decoder is not None else None
         self._text_sent = 0
@@ -95,22 +98,43 @@ class Sequence:
             return None
         return TokenLogprobs.concat(self.logprobs_parts, self.request.logprobs)
 
+    @property
+    def prompt_logprobs(self) -> Optional[TokenLogprobs]:
+        """The prompt tokens' logprobs after the first (those prefilled so far)."""
+        if self.request.prompt_logprobs is None:
+            return None
+        return TokenLogprobs.concat(self.prompt_logprobs_parts, self.request.prompt_logprobs)
+
+    def take_prompt_logprobs(self) -> Optional[TokenLogprobs]:
+        """:attr:`prompt_logprobs` the first time it is asked for, None after (and without them)."""
+        if self.request.prompt_logprobs is None or self._prompt_logprobs_taken:
+            return None
+        self._prompt_logprobs_taken = True
+        return self.prompt_logprobs
+
     def _append(self, new: list[int]) -> int:
-        """Push ``new`` through the stop checks; how many of them the output keeps."""
+        """Push ``new`` through the stop checks; how many of them the output keeps.
+        Before ``params.min_tokens`` tokens no stop applies (vLLM's rule; the sampler holds
+        the stop token ids back until then, and stop strings are not matched)."""
+        min_tokens = self.request.params.min_tokens
         for i, tok in enumerate(new):
-            if tok in self._stop_ids:  # kept as a token, never as text (vLLM's rule)
+            stops = len(self.tokens) + i + 1 >= min_tokens
+            if stops and tok in self._stop_ids:  # kept as a token, never as text (vLLM's rule)
                 self.finish, self.stop_reason = Finish.STOP, tok
                 return i + 1
             if self._decoder is None:
                 continue
-            if self._push_text(self._decoder.push(tok)):
+            if self._push_text(self._decoder.push(tok), match=stops):
                 return i + 1
         return len(new)
 
-    def _push_text(self, piece: str) -> bool:
-        """Append decoded text; True (and the text cut, the finish set) if it completes a stop."""
+    def _push_text(self, piece: str, match: bool = True) -> bool:
+        """Append decoded text; True (and the text cut, the finish set) if it completes a stop
+        (never when ``match`` is False)."""
         before = len(self.text)
         self.text += piece
+        if not match:
+            return False
         hit = None  # (start, stop): the earliest match that ends in the new text
         for s in self.request.stop:
             at = self.text.find(s, max(0, before - len(s) + 1))
@@ -153,8 +177,11 @@ class Sequence:
         keep = self._append(new)
         tokens = new[:keep]
         logprobs = emit.logprobs[:keep] if emit.logprobs is not None else None
+        if emit.prompt_logprobs is not None and len(emit.prompt_logprobs):
+            self.prompt_logprobs_parts.append(emit.prompt_logprobs)
         if self.finish == Finish.NONE and emit.finish != Finish.NONE:
-            self.finish = emit.finish
+            # a prompt-only request's lane is released once scored: it ran its length
+            self.finish = Finish.LENGTH if self.request.prompt_only and emit.finish == Finish.ABORTED else emit.finish
             self.error = getattr(emit, "error", None)
         self.tokens += tokens
         if logprobs is not None:
@@ -164,6 +191,22 @@ class Sequence:
         if self.finish != Finish.NONE:
             self.finished_at = now
         return Update(self, tokens, self._take_text(), logprobs, self.finish != Finish.NONE)
+
+    def output(self, update: Optional[Update] = None) -> RequestOutput:
+        """The outward record (:class:`~sf_trt.outputs.RequestOutput`): the delta ``update``
+        added, or with none, everything so far (cumulative)."""
+        if update is None:
+            tokens, text, logprobs, finish = list(self.tokens), self.text, self.logprobs, self.finish
+            prompt_lp = self.prompt_logprobs
+        else:
+            tokens, text, logprobs = list(update.tokens), update.text, update.logprobs
+            finish = self.finish if update.finished else Finish.NONE
+            prompt_lp = self.take_prompt_logprobs()
+        return RequestOutput(
+            self.seq_id, tokens, text, logprobs, finish, self.stop_reason, self.error, self.prompt_len, len(self.tokens),
+            self.proposed, self.accepted, self.drafts, self.passes, self.arrival, self.admitted_at, self.first_token_at,
+            self.finished_at, prompt_lp, self.cached_len,
+        )
 
     def end(self, finish: Finish, now: float, error: Optional[str] = None) -> Update:
         """Finish now (aborted, failed) with what was reported so far."""

@@ -5,17 +5,26 @@ and SSE shapes; they never touch the Executor. Errors use OpenAI's nested envelo
 ``{"error": {"message", "type", "param", "code"}}`` (``code``: the HTTP status):
 
 * 400 ``BadRequestError``: a body that does not validate (an unknown field is named
-  in ``param``), an unsupported field, a prompt that does not fit;
+  in ``param``; a string where a number belongs; a lone surrogate), an unsupported
+  field, a batch larger than the server can ever hold;
 * 400 with the executor's ``Status`` name as ``type``: a request the engine refuses
   (``PROMPT_TOO_LONG``, ``BAD_SAMPLING_PARAMS``, ``TOKEN_OUT_OF_VOCAB``, ...);
-* 401 ``AuthenticationError`` (``--api-key`` set, no or another Bearer token);
-* 404 ``NotFoundError``: an unknown model;
+* 401 ``AuthenticationError`` (``--api-key`` set, no or another Bearer token),
+  before the body is read (:mod:`.guard`);
+* 404 ``NotFoundError``: an unknown model or path; 405 ``MethodNotAllowedError``;
+* 408 ``RequestTimeoutError``: the body did not arrive within ``--read-timeout``;
+* 413 ``RequestTooLargeError``: a body over ``--max-body-bytes``, before it is read;
+* 415 ``UnsupportedMediaTypeError``: a body whose ``Content-Type`` is not JSON;
 * 429 ``RateLimitError`` with ``Retry-After`` when the queue of waiting requests is full;
-* 503 ``ServiceUnavailableError`` while the model loads or the server shuts down;
+* 503 ``ServiceUnavailableError`` while the model loads or the server drains;
 * 500 ``InternalServerError``: a request the engine failed (a backend fault).
 
 A streamed response whose request fails after the headers went out ends with an
 SSE ``error`` event (``event: error``, ``data: {"error": {...}}``) then ``data: [DONE]``.
+
+Bodies are read within the size and time limits (:func:`.guard.read_body`), then
+parsed, tokenized and checked off the event loop, so a long prompt never stalls
+other clients or ``/health``.
 """
 
 from __future__ import annotations
@@ -23,21 +32,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import threading
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
-from .errors import ApiError, choice_failure, validation_error
-from .jobs import Job, abort_job, collect_job, submit_job
+from ..version import __version__
+from .errors import ApiError, choice_failure, http_error, validation_error
+from .guard import Guard, parse_body, read_body
+from .jobs import Job, abort_job, check_model, collect_job, submit_job
 from .rendering import json_body, sse_body
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import Loader, ServerState
+from .tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, detokenize, tokenize
 
 __all__ = ["ServerState", "create_app", "ApiError"]
 
@@ -64,7 +75,7 @@ def _lifespan(state: ServerState, loader: Optional[Loader]):
 
             thread = threading.Thread(target=load, name="sf_trt-load", daemon=True)
             thread.start()
-        elif state.engine is not None and state.engine._thread is None:
+        elif state.engine is not None and not state.engine.started:
             state.engine.start()
         try:
             yield
@@ -82,6 +93,7 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
     lifespan = _lifespan(state, loader)
     app = FastAPI(title="sf_trt", version=__version__, lifespan=lifespan)
     app.state.sf = state
+    app.add_middleware(Guard, state=state)  # the key, the body's size and type: before any route reads it
 
     @app.exception_handler(ApiError)
     async def _api_error(request: HttpRequest, exc: ApiError) -> JSONResponse:
@@ -91,20 +103,26 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
     async def _invalid(request: HttpRequest, exc: RequestValidationError) -> JSONResponse:
         return validation_error(exc.errors()).response()
 
-    def authorize(request: HttpRequest) -> None:
-        if state.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
-            raise ApiError(401, "AuthenticationError", "missing or wrong API key (send 'Authorization: Bearer <key>')")
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
+        return http_error(exc.status_code, exc.detail).response()
+
+    @app.exception_handler(Exception)
+    async def _bug(request: HttpRequest, exc: Exception) -> JSONResponse:  # logged with its traceback by the server
+        return ApiError(500, "InternalServerError", f"the server failed: {type(exc).__name__}").response()
+
+    async def off_loop(request: HttpRequest, work: Callable[[bytes], Any]) -> Any:
+        raw = await read_body(request, state.max_body_bytes, state.read_timeout_s)
+        return await asyncio.to_thread(work, raw)
 
     @app.get("/health")
+    @app.head("/health", include_in_schema=False)
     async def health() -> JSONResponse:
         if state.load_error is not None:
             return JSONResponse({"status": "failed", "error": state.load_error}, status_code=503)
         if state.engine is None:
             return JSONResponse({"status": "loading"}, status_code=503)
-        if not state.engine.serving:
+        if state.engine.unavailable is not None:
             reason = state.engine.failure or "shutting down"
             return JSONResponse({"status": "unavailable", "error": reason}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -118,25 +136,46 @@ def create_app(state: ServerState, loader: Optional[Loader] = None) -> FastAPI:
         body = await state.metrics_view() if state.metrics_view is not None else state.metrics.render()
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict:
+        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "sf_trt",
+                "max_model_len": state.max_context or None}
+
     @app.get("/v1/models")
-    async def models(request: HttpRequest) -> dict:
-        authorize(request)
-        return {"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": state.created, "owned_by": "sf_trt",
-            "max_model_len": state.max_context or None,
-        }]}
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: HttpRequest) -> Response:
-        authorize(request)
-        return await _serve(state, request, Job.completion(state, body))
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        check_model(state, model_id)
+        return model_card()
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: HttpRequest) -> Response:
-        authorize(request)
-        return await _serve(state, request, Job.chat(state, body))
+    @app.post("/v1/completions", openapi_extra=_body(CompletionRequest))
+    async def completions(request: HttpRequest) -> Response:
+        job = await off_loop(request, lambda raw: Job.completion(state, parse_body(CompletionRequest, raw)))
+        return await _serve(state, request, job)
+
+    @app.post("/v1/chat/completions", openapi_extra=_body(ChatCompletionRequest))
+    async def chat_completions(request: HttpRequest) -> Response:
+        job = await off_loop(request, lambda raw: Job.chat(state, parse_body(ChatCompletionRequest, raw)))
+        return await _serve(state, request, job)
+
+    # the answer is rendered off the event loop too: a long text's ids make a long JSON body
+    @app.post("/tokenize", openapi_extra=_body(TokenizeCompletionRequest, TokenizeChatRequest))
+    async def tokenize_route(request: HttpRequest) -> JSONResponse:
+        return await off_loop(request, lambda raw: JSONResponse(tokenize(state, raw)))
+
+    @app.post("/detokenize", openapi_extra=_body(DetokenizeRequest))
+    async def detokenize_route(request: HttpRequest) -> JSONResponse:
+        return await off_loop(request, lambda raw: JSONResponse(detokenize(state, raw)))
 
     return app
+
+
+def _body(*models: Any) -> dict:
+    """The OpenAPI request body of a route that parses its own body (off the event loop)."""
+    schemas = [m.model_json_schema() for m in models]
+    schema = schemas[0] if len(schemas) == 1 else {"oneOf": schemas}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 async def _serve(state: ServerState, request: HttpRequest, job: Job) -> Response:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from ..abi import StatusError
 from ..engine_loop import SHUTDOWN_ERROR, NotServing, Overloaded
 
-__all__ = ["ApiError", "refusal", "validation_error", "choice_failure"]
+__all__ = ["ApiError", "refusal", "validation_error", "http_error", "choice_failure"]
 
 
 class ApiError(Exception):
@@ -52,12 +52,29 @@ def validation_error(errors: list[dict]) -> ApiError:
         return ApiError(400, "BadRequestError", f"unknown field(s): {', '.join(unknown)} (sf_trt refuses fields it does not know)", unknown[0])
     first = errors[0] if errors else {"msg": "invalid request"}
     if first.get("type") == "json_invalid":
-        return ApiError(400, "BadRequestError", f"the body is not valid JSON: {first.get('msg')}")
+        msg = str(first.get("msg"))
+        hint = " (a lone UTF-16 surrogate such as \\ud800 is not text)" if "surrogate" in msg or "hex escape" in msg else ""
+        return ApiError(400, "BadRequestError", f"the body is not valid JSON: {msg}{hint}")
     parts = []
     for e in errors[:4]:
-        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], (dict, list)) else ""
+        got = f" (got {_short(e['input'])})" if "input" in e and not isinstance(e["input"], (dict, list)) else ""
         parts.append(f"{where(e)}: {e.get('msg')}{got}")
     return ApiError(400, "BadRequestError", "; ".join(parts), where(first))
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error never echoes a long body back."""
+    try:
+        text = repr(value[: limit + 1] if isinstance(value, (str, bytes)) else value)
+    except ValueError:  # an int of more digits than Python prints
+        return "a number too long to show"
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def http_error(status: int, detail: object) -> ApiError:
+    """OpenAI's envelope for the framework's own errors (an unknown path, a wrong method)."""
+    types = {404: "NotFoundError", 405: "MethodNotAllowedError"}
+    return ApiError(status, types.get(status, "BadRequestError" if status < 500 else "InternalServerError"), str(detail))
 
 
 def choice_failure(index: int, error: str) -> ApiError:

@@ -4,6 +4,10 @@ requests (one per choice), submitted, followed and aborted.
 A body is checked here, before anything is queued: the model, unsupported fields,
 stop strings, prompts that do not fit the context (``PROMPT_TOO_LONG``), sampling
 parameters, and every choice's request against the engine (``engine.check``).
+A prompt's size is checked before it is tokenized: a text over ``--max-prompt-bytes``,
+or one whose bytes alone prove it more tokens than the context holds, is refused
+without tokenizing it. The routes build jobs off the event loop (tokenizing a long
+prompt takes a while).
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from .errors import ApiError, refusal
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .state import ServerState
 
-__all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output"]
+__all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output",
+           "encode_text", "encode_messages", "check_model", "COMPLETION_MAX_TOKENS"]
+
+COMPLETION_MAX_TOKENS = 16
+"""``/v1/completions``' ``max_tokens`` when a request names none (OpenAI's and vLLM's default)."""
 
 
 @dataclasses.dataclass
@@ -39,6 +47,8 @@ class Choice:
     text: str = ""
     logprobs: list = dataclasses.field(default_factory=list)
     last: Optional[Output] = None
+    prompt_logprobs: Optional[Any] = None
+    """Its prompt's :class:`~sf_trt.engine.TokenLogprobs` (tokens 1..), when asked for."""
 
 
 @dataclasses.dataclass
@@ -59,11 +69,11 @@ class Job:
     def completion(state: ServerState, body: CompletionRequest) -> "Job":
         engine = state.ready_engine()
         _check_common(state, body)
-        if body.echo and body.logprobs is not None:
-            raise ApiError(400, "BadRequestError", "echo with logprobs is not supported (prompt logprobs)", "echo")
         prompts, texts = [], []
         for p in body.prompts():
-            ids = _encode(state, p, "prompt") if isinstance(p, str) else list(p)
+            if not isinstance(p, str):
+                _check_fits(state, len(p), "prompt", f"{len(p)} tokens in the prompt")
+            ids = encode_text(state, p, "prompt") if isinstance(p, str) else list(p)
             prompts.append(ids)
             if isinstance(p, str) or not body.echo:
                 texts.append(p if isinstance(p, str) else "")
@@ -74,7 +84,10 @@ class Job:
                 raise ApiError(400, Status.TOKEN_OUT_OF_VOCAB.name, f"prompt: {exc}", "prompt") from None
         if not prompts:
             raise ApiError(400, "BadRequestError", "prompt: no prompt given", "prompt")
-        return Job._build(state, engine, "completion", "cmpl", body, prompts, texts, body.logprobs, body.max_tokens)
+        # echo with logprobs scores the prompt too (lm-eval's loglikelihood), from the prefill's rows
+        wanted = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
+        return Job._build(state, engine, "completion", "cmpl", body, prompts, texts, body.logprobs, body.max_tokens,
+                          max(wanted) if wanted else None, default_max_tokens=COMPLETION_MAX_TOKENS)
 
     @staticmethod
     def chat(state: ServerState, body: ChatCompletionRequest) -> "Job":
@@ -82,42 +95,56 @@ class Job:
         _check_common(state, body)
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:  # contents stay text: a message cannot forge a control token (a role turn)
-            ids = state.tokenizer.encode_chat(messages, add_generation_prompt=True)
-        except TokenizerError as exc:
-            raise ApiError(400, "BadRequestError", str(exc), "messages") from None
+        if body.max_tokens == 0:
+            raise ApiError(400, "BadRequestError", "max_tokens: 0 generates nothing; to score a prompt use /v1/completions with echo and logprobs", "max_tokens")
+        ids = encode_messages(state, [{"role": m.role, "content": m.text()} for m in body.messages])
         k = (body.top_logprobs or 0) if body.logprobs else None
         # chat has no echo: its prompt text is never sent back
-        return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens)
+        return Job._build(state, engine, "chat", "chatcmpl", body, [ids], [""], k, body.max_completion_tokens or body.max_tokens,
+                          body.prompt_logprobs)
 
     @staticmethod
-    def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens) -> "Job":
+    def _build(state, engine, kind, prefix, body: SamplingFields, prompts, texts, logprobs, max_tokens, prompt_logprobs,
+               default_max_tokens: Optional[int] = None) -> "Job":
         opts = body.sf_trt
         speculate = (opts.speculate if opts and opts.speculate else None) or state.default_speculate
         max_draft = (opts.max_draft if opts and opts.max_draft else None) or state.default_max_draft
-        flags = SamplingFlag.IGNORE_EOS if opts and opts.ignore_eos else SamplingFlag(0)
+        flags = SamplingFlag.IGNORE_EOS if body.ignores_eos else SamplingFlag(0)
         temperature = 1.0 if body.temperature is None else body.temperature
         mode = Sampling.GPU_GREEDY if temperature == 0 else Sampling.GPU_GUMBEL
         seed = body.seed if body.seed is not None else secrets.randbits(63)
+        prompt_only = max_tokens == 0
+        try:
+            bias = body.bias_pairs()
+        except ValueError as exc:
+            raise ApiError(400, Status.BAD_SAMPLING_PARAMS.name, str(exc), "logit_bias") from None
         choices = []
         for p, ids in enumerate(prompts):
-            mt = _max_tokens(state, ids, max_tokens, "max_completion_tokens" if kind == "chat" and body.max_completion_tokens else "max_tokens")
+            mt = 0 if prompt_only else _max_tokens(
+                state, ids, max_tokens, "max_completion_tokens" if kind == "chat" and body.max_completion_tokens else "max_tokens",
+                default_max_tokens)
             try:
                 params = SamplingParams(
                     temperature=temperature if mode == Sampling.GPU_GUMBEL else 1.0, top_p=1.0 if body.top_p is None else body.top_p,
                     top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0, max_tokens=mt, flags=flags,
+                    presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+                    repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                    logit_bias=bias, min_tokens=body.min_tokens or 0,
                 )
             except StatusError as exc:
                 raise refusal(exc) from None
             for i in range(body.n):
                 index = p * body.n + i
-                choices.append(Choice(index, p, Request(
-                    ids, mode, params, seed=choice_key(seed, index), speculate=speculate != "none",
-                    drafter=speculate if speculate != "none" else DEFAULT_DRAFTER, max_draft=max_draft,
-                    stop=body.stops(), stop_token_ids=tuple(body.stop_token_ids or ()), logprobs=logprobs,
-                    draft_scope=draft_scope(body.user),
-                )))
+                try:  # min_tokens holds the stop ids back: the request checks them into its params
+                    request = Request(
+                        ids, mode, params, seed=choice_key(seed, index), speculate=speculate != "none",
+                        drafter=speculate if speculate != "none" else DEFAULT_DRAFTER, max_draft=max_draft,
+                        stop=body.stops(), stop_token_ids=tuple(body.stop_token_ids or ()), logprobs=logprobs,
+                        draft_scope=draft_scope(body.user), prompt_logprobs=prompt_logprobs, prompt_only=prompt_only,
+                    )
+                except StatusError as exc:
+                    raise refusal(exc) from None
+                choices.append(Choice(index, p, request))
         for c in choices:
             try:
                 engine.check(c.request)
@@ -131,9 +158,14 @@ class Job:
         return int(time.time())
 
 
+def check_model(state: ServerState, model: Optional[str]) -> None:
+    """A 404 for a model this server does not serve (none named: the served one)."""
+    if model is not None and model != state.model_name:
+        raise ApiError(404, "NotFoundError", f"the model {model!r} does not exist (served: {state.model_name!r})", "model")
+
+
 def _check_common(state: ServerState, body: SamplingFields) -> None:
-    if body.model is not None and body.model != state.model_name:
-        raise ApiError(404, "NotFoundError", f"the model {body.model!r} does not exist (served: {state.model_name!r})", "model")
+    check_model(state, body.model)
     bad = body.unsupported()
     if bad:
         raise ApiError(400, "BadRequestError", f"unsupported field(s): {', '.join(bad)} (sf_trt cannot honour them yet)", bad[0])
@@ -148,16 +180,57 @@ def draft_scope(user: Optional[str]) -> str:
     return DEFAULT_SCOPE if not user else "user:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _encode(state: ServerState, text: str, param: str) -> list[int]:
+def _check_text_size(state: ServerState, size: int, param: str, fit_context: bool) -> None:
+    """Refuse, before tokenizing, a prompt text of ``size`` UTF-8 bytes over
+    ``--max-prompt-bytes`` or (``fit_context``) whose bytes alone prove it longer than the context."""
+    if size > state.max_prompt_bytes:
+        raise ApiError(400, Status.PROMPT_TOO_LONG.name, f"{param}: {size} bytes of text, more than --max-prompt-bytes {state.max_prompt_bytes}", param)
+    per_token = getattr(state.tokenizer, "max_token_bytes", None)
+    if per_token and fit_context:
+        at_least = -(-size // per_token)
+        _check_fits(state, at_least, param, f"at least {at_least} tokens in the prompt ({size} bytes, at most {per_token} a token)")
+
+
+def _check_fits(state: ServerState, num_tokens: int, param: str, what: str) -> None:
+    if num_tokens >= state.max_context:
+        raise ApiError(400, Status.PROMPT_TOO_LONG.name,
+                       f"this model's context is {state.max_context} tokens; the request needs {what}. Shorten the prompt", param)
+
+
+def _utf8_size(text: str, param: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # a lone surrogate that came in some other way than JSON
+        raise ApiError(400, "BadRequestError", f"{param}: not valid text ({exc.reason} at character {exc.start})", param) from None
+
+
+def encode_text(state: ServerState, text: str, param: str, fit_context: bool = True) -> list[int]:
+    """The ids of a prompt text, its size checked first (module docstring; ``fit_context``
+    False: only ``--max-prompt-bytes``, for ``/tokenize``). Off the event loop."""
+    _check_text_size(state, _utf8_size(text, param), param, fit_context)
     try:
         return state.tokenizer.encode(text)
     except TokenizerError as exc:
         raise ApiError(400, "BadRequestError", str(exc), param) from None
 
 
-def _max_tokens(state: ServerState, ids: list[int], asked: Optional[int], param: str) -> int:
-    """The output budget: what was asked, or what the context leaves; a 400 if it does not fit."""
+def encode_messages(state: ServerState, messages: list[dict], add_generation_prompt: bool = True, fit_context: bool = True) -> list[int]:
+    """The ids of chat messages in the model's template, their contents' size checked
+    first (as :func:`encode_text`). Contents stay text: a message cannot forge a control
+    token (a role turn)."""
+    _check_text_size(state, sum(_utf8_size(m["content"], "messages") for m in messages), "messages", fit_context)
+    try:
+        return state.tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+    except TokenizerError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "messages") from None
+
+
+def _max_tokens(state: ServerState, ids: list[int], asked: Optional[int], param: str, default: Optional[int] = None) -> int:
+    """The output budget: what was asked, or ``default`` (or less, if less fits), or what the
+    context leaves; a 400 if what was asked does not fit."""
     room = state.max_context - len(ids)
+    if asked is None and default is not None and room >= 1:
+        return min(default, room)
     if room < 1 or (asked is not None and asked > room):
         want = f"{len(ids) + asked} tokens ({len(ids)} in the prompt, {asked} in the completion)" if asked else f"{len(ids)} tokens in the prompt"
         raise ApiError(
@@ -170,9 +243,16 @@ def _max_tokens(state: ServerState, ids: list[int], asked: Optional[int], param:
 
 def submit_job(state: ServerState, job: Job) -> None:
     engine = state.ready_engine()
+    if len(job.choices) > engine.capacity:  # a 429 would say "retry" to a request that can never be taken
+        raise ApiError(
+            400, "BadRequestError",
+            f"the request asks for {len(job.choices)} completions (prompts x n); this server holds at most {engine.capacity} "
+            f"at once ({engine.num_lanes} lanes, --max-num-seqs, and {engine.config.max_queued} waiting, --max-queued-requests): "
+            "split the batch", "n" if job.body.n > 1 else "prompt",
+        )
     try:
         for c in job.choices:
-            c.stream = engine.submit(c.request, request_id=f"{job.id}-{c.index}")
+            c.stream = engine.submit(c.request, request_id=f"{job.id}-{c.index}", checked=True)  # Job._build checked it
     except (StatusError, Overloaded, NotServing) as exc:
         abort_job(state, job)
         raise refusal(exc) from None
@@ -224,4 +304,6 @@ def take_output(c: Choice, out: Output) -> None:
     c.text += out.text or ""
     if out.logprobs is not None and len(out.logprobs):
         c.logprobs.append(out.logprobs)
+    if out.prompt_logprobs is not None:
+        c.prompt_logprobs = out.prompt_logprobs
     c.last = out

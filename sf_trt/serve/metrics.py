@@ -12,25 +12,14 @@ from typing import Iterable, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..abi import Finish
 from ..engine_loop import Output
+from ..outputs import finish_reason
 
-__all__ = ["ServerMetrics", "PREFIX", "finish_reason", "merge_expositions"]
+__all__ = ["ServerMetrics", "PREFIX", "merge_expositions"]
 
 PREFIX = "sf_trt:"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-
-
-def finish_reason(finish: Finish, error: str | None = None) -> str:
-    """OpenAI's ``finish_reason`` for a finish code (``abort`` and ``error`` as vLLM adds)."""
-    if error is not None:
-        return "error"
-    if finish in (Finish.EOS, Finish.STOP):
-        return "stop"
-    if finish in (Finish.LENGTH, Finish.CONTEXT):
-        return "length"
-    return "abort"
 
 
 class ServerMetrics:

@@ -7,11 +7,11 @@ import contextlib
 import json
 from typing import Any, AsyncIterator, Optional
 
-from .. import __version__
+from ..version import __version__
 from ..engine import TokenLogprobs
+from ..outputs import finish_reason
 from .errors import choice_failure
 from .jobs import Choice, Job, abort_job, job_outputs, take_output
-from .metrics import finish_reason
 from .state import ServerState
 
 __all__ = ["json_body", "sse_body"]
@@ -56,16 +56,65 @@ def _chat_logprobs(tok: Any, tokens: list[int], lp: Optional[TokenLogprobs]) -> 
     return {"content": content}
 
 
-def _completion_logprobs(tok: Any, tokens: list[int], lp: Optional[TokenLogprobs], offset: int) -> Optional[dict]:
+class _TextOffsets:
+    """Completions' ``text_offset``: where each token starts in the choice's text, in
+    characters. A character whose bytes span several tokens starts at the first of
+    them and is counted once (the text is decoded as it streams, special tokens skipped)."""
+
+    def __init__(self, tok: Any, start: int) -> None:
+        self.decoder = tok.stream(skip_special=True)
+        self.chars = start
+
+    def of(self, tokens: list[int]) -> list[int]:
+        out = []
+        for t in tokens:
+            out.append(self.chars)
+            self.chars += len(self.decoder.push(int(t)))
+        return out
+
+
+def _completion_logprobs(tok: Any, tokens: list[int], lp: Optional[TokenLogprobs], offsets: _TextOffsets) -> Optional[dict]:
     if lp is None:
         return None
     strs = [_token_str(tok, t) for t in tokens]
-    offsets = []
-    for s in strs:
-        offsets.append(offset)
-        offset += len(s)
     top = [{_token_str(tok, int(i)): float(v) for i, v in zip(lp.top_ids[j], lp.top_logprobs[j])} for j in range(len(tokens))]
-    return {"tokens": strs, "token_logprobs": [float(x) for x in lp.logprob], "top_logprobs": top, "text_offset": offsets}
+    return {"tokens": strs, "token_logprobs": [float(x) for x in lp.logprob], "top_logprobs": top, "text_offset": offsets.of(tokens)}
+
+
+def _echo_logprobs(tok: Any, ids: list[int], lp: Optional[TokenLogprobs], k: int) -> dict:
+    """The prompt's part of a completion's logprobs under ``echo``: the first token has
+    none (null), as in OpenAI's and vLLM's responses."""
+    strs = [_token_str(tok, t) for t in ids]
+    n = 0 if lp is None else len(lp)
+    offsets = _TextOffsets(tok, 0).of(ids)  # in characters, as the output's
+    values = [None] + [float(x) for x in lp.logprob[:n]] if lp is not None else [None] * len(ids)
+    top = [None] + [{_token_str(tok, int(i)): float(v) for i, v in zip(lp.top_ids[j, :k], lp.top_logprobs[j, :k])} for j in range(n)]
+    return {"tokens": strs, "token_logprobs": values[: len(ids)], "top_logprobs": top[: len(ids)], "text_offset": offsets}
+
+
+def _joined(first: dict, then: Optional[dict]) -> dict:
+    """Two completion logprobs objects one after the other."""
+    if then is None:
+        return first
+    return {key: first[key] + then[key] for key in first}
+
+
+def _vllm_prompt_logprobs(tok: Any, ids: list[int], lp: Optional[TokenLogprobs], k: int) -> Optional[list]:
+    """vLLM's ``prompt_logprobs``: per prompt token (null for the first), token id ->
+    ``{logprob, rank, decoded_token}`` for the token itself and the top alternatives
+    (``rank`` 1 for the most likely; null for a token outside the alternatives)."""
+    if lp is None:
+        return None
+    out: list = [None]
+    for j in range(len(lp)):
+        entry = {}
+        for r, (i, v) in enumerate(zip(lp.top_ids[j, :k].tolist(), lp.top_logprobs[j, :k].tolist())):
+            entry[str(i)] = {"logprob": float(v), "rank": r + 1, "decoded_token": _token_str(tok, i)}
+        t = ids[j + 1]
+        if str(t) not in entry:
+            entry = {str(t): {"logprob": float(lp.logprob[j]), "rank": None, "decoded_token": _token_str(tok, t)}, **entry}
+        out.append(entry)
+    return out
 
 
 def _lp(c: Choice, k: Optional[int]) -> Optional[TokenLogprobs]:
@@ -84,7 +133,11 @@ def json_body(state: ServerState, job: Job) -> dict:
         else:
             echo = job.prompt_texts[c.prompt_index] if job.body.echo else ""
             item["text"] = echo + c.text
-            item["logprobs"] = _completion_logprobs(tok, c.tokens, _lp(c, job.logprobs), len(echo))
+            item["logprobs"] = _completion_logprobs(tok, c.tokens, _lp(c, job.logprobs), _TextOffsets(tok, len(echo)))
+            if job.body.echo and job.logprobs is not None:
+                item["logprobs"] = _joined(_echo_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs, job.logprobs), item["logprobs"])
+        if job.body.prompt_logprobs is not None:
+            item["prompt_logprobs"] = _vllm_prompt_logprobs(tok, job.prompts[c.prompt_index], c.prompt_logprobs, job.body.prompt_logprobs)
         item["finish_reason"] = finish_reason(out.finish, out.error)
         item["stop_reason"] = out.stop_reason
         if job.return_token_ids:
@@ -108,28 +161,39 @@ async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
     tok = state.tokenizer
     chat = job.kind == "chat"
     include_usage = bool(job.body.stream_options and job.body.stream_options.include_usage)
+    continuous_usage = include_usage and job.body.stream_options.continuous_usage_stats  # vLLM's: usage so far in every chunk
     base = {"id": job.id, "object": "chat.completion.chunk" if chat else "text_completion", "created": job.created,
             "model": state.model_name, "system_fingerprint": f"sf_trt-{__version__}", "sf_trt": {"seed": job.seed}}
     if include_usage:
         base["usage"] = None
 
     def chunk(item: dict) -> str:
+        if continuous_usage:
+            return _sse_data({**base, "choices": [item], "usage": _usage(job)})
         return _sse_data({**base, "choices": [item]})
 
     finished = False
     outputs = None
-    offsets = {c.index: 0 for c in job.choices}
+    offsets = {c.index: _TextOffsets(tok, 0) for c in job.choices}
     try:
         for c in job.choices:
             if chat:
                 yield chunk({"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
             elif job.body.echo:
                 echo = job.prompt_texts[c.prompt_index]
-                offsets[c.index] = len(echo)
-                yield chunk({"index": c.index, "text": echo, "logprobs": None, "finish_reason": None})
+                offsets[c.index] = _TextOffsets(tok, len(echo))
+                if job.logprobs is None:  # else with the choice's first output, which brings the prompt's logprobs
+                    yield chunk({"index": c.index, "text": echo, "logprobs": None, "finish_reason": None})
         outputs = job_outputs(job)
         async for c, out in outputs:
             take_output(c, out)
+            if out.prompt_logprobs is not None and not chat and (job.body.echo and job.logprobs is not None or job.body.prompt_logprobs is not None):
+                ids = job.prompts[c.prompt_index]
+                first = {"index": c.index, "text": job.prompt_texts[c.prompt_index] if job.body.echo else "", "finish_reason": None,
+                         "logprobs": _echo_logprobs(tok, ids, out.prompt_logprobs, job.logprobs) if job.body.echo and job.logprobs is not None else None}
+                if job.body.prompt_logprobs is not None:
+                    first["prompt_logprobs"] = _vllm_prompt_logprobs(tok, ids, out.prompt_logprobs, job.body.prompt_logprobs)
+                yield chunk(first)
             if out.error is not None:
                 abort_job(state, job)
                 yield f"event: error\n{_sse_data(choice_failure(c.index, out.error).body())}"
@@ -143,7 +207,6 @@ async def sse_body(state: ServerState, job: Job) -> AsyncIterator[str]:
                 else:
                     item = {"index": c.index, "text": out.text or "", "finish_reason": None,
                             "logprobs": _completion_logprobs(tok, out.tokens, lp, offsets[c.index])}
-                    offsets[c.index] += sum(len(_token_str(tok, t)) for t in out.tokens)
                 if job.return_token_ids:
                     item["token_ids"] = out.tokens
                 yield chunk(item)

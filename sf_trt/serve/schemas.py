@@ -1,11 +1,14 @@
 """Request bodies of the OpenAI-compatible routes (pydantic v2, unknown fields refused).
 
 Every model forbids fields it does not declare (``extra="forbid"``): a misspelt or
-unsupported field is a 400 naming it, never silently ignored. Fields the OpenAI API
-defines but sf_trt cannot honour yet are declared so that the 400 can say so
-(:meth:`SamplingFields.unsupported`): they are accepted only at their no-op values
-(a penalty of 0, ``repetition_penalty`` 1, an empty ``logit_bias``, ``response_format``
-``{"type": "text"}``, no tools).
+unsupported field is a 400 naming it, never silently ignored. Types are strict
+(``strict=True``): ``"1"`` is not a number, ``1`` is not a bool, ``1.0`` is not an
+int. Fields the OpenAI API defines but sf_trt cannot honour yet are declared so that
+the 400 can say so (:meth:`SamplingFields.unsupported`): they are accepted only at
+their no-op values (``response_format`` ``{"type": "text"}``, no tools,
+``skip_special_tokens`` true). Fields that only annotate a request (``store``,
+``metadata``, ``service_tier``, ``user``, ``parallel_tool_calls``) are accepted and
+change nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine import TOP_LOGPROBS_MAX
 from ..scheduler import DRAFTERS
+from .limits import TEMPERATURE_MAX
 
 __all__ = [
     "SfTrtOptions", "StreamOptions", "SamplingFields", "CompletionRequest", "ChatMessage", "ChatCompletionRequest",
@@ -30,7 +34,7 @@ _INT63 = 2**63 - 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SfTrtOptions(_Strict):
@@ -55,18 +59,22 @@ class SfTrtOptions(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: every chunk carries the usage so far (with ``include_usage``, as vLLM)."""
 
 
 class SamplingFields(_Strict):
     """Fields both routes share."""
 
     model: Optional[str] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0.0, allow_inf_nan=False)
+    max_tokens: Optional[int] = Field(None, ge=0)
+    """0: generate nothing (with ``echo`` and ``logprobs``: score the prompt); completions only."""
+    temperature: Optional[float] = Field(None, ge=0.0, le=TEMPERATURE_MAX, allow_inf_nan=False)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: Optional[int] = Field(None, ge=-1)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
-    seed: Optional[int] = Field(None, ge=0, le=_INT63)
+    seed: Optional[int] = Field(None, ge=-1, le=_INT63)
+    """-1 (vLLM's) or none: the server draws one and returns it."""
     n: int = Field(1, ge=1, le=MAX_N)
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
@@ -74,23 +82,47 @@ class SamplingFields(_Strict):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
     sf_trt: Optional[SfTrtOptions] = None
-    # Defined by OpenAI, not honoured yet: accepted at their no-op values only.
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
+    # Logit adjustments (vLLM's semantics, exact under speculation: sf_trt.abi.SamplingParams)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, allow_inf_nan=False)
+    """vLLM's: > 1 discourages the tokens of the prompt and the output, 1 is off."""
     logit_bias: Optional[dict[str, float]] = None
+    """Token id (a string, as JSON keys are) -> bias in [-100, 100], added to its logit."""
+    min_tokens: Optional[int] = Field(None, ge=0)
+    """vLLM's: no EOS, stop token or stop string ends the output before this many tokens."""
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    """vLLM's: each prompt token's logprob (the first's is null) and this many alternatives."""
+    ignore_eos: bool = False
+    """vLLM's: the same as ``sf_trt.ignore_eos``."""
+    skip_special_tokens: bool = True
+    """vLLM's: the text leaves special tokens out; sf_trt always does (false is refused)."""
+    # Annotations: accepted, change nothing.
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
 
     def unsupported(self) -> list[str]:
         """The fields set to something sf_trt cannot honour yet, by name."""
-        out = []
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0):
-                out.append(name)
-        if self.repetition_penalty not in (None, 1):
-            out.append("repetition_penalty")
-        if self.logit_bias:
-            out.append("logit_bias")
-        return out
+        return [] if self.skip_special_tokens else ["skip_special_tokens"]
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as ``(token id, bias)`` pairs; a ValueError naming a key that is no token id."""
+        pairs = []
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or len(key) > 10:
+                raise ValueError(f"logit_bias: key {key[:20]!r} is not a token id (a non-negative integer as a string)")
+            pairs.append((int(key), value))
+        return tuple(pairs)
+
+    @field_validator("seed")
+    @classmethod
+    def _random_seed(cls, v: Optional[int]) -> Optional[int]:
+        return None if v == -1 else v
+
+    @property
+    def ignores_eos(self) -> bool:
+        return self.ignore_eos or bool(self.sf_trt and self.sf_trt.ignore_eos)
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -172,3 +204,4 @@ class ChatCompletionRequest(SamplingFields):
         if any(m.tool_calls for m in self.messages):
             out.append("messages[].tool_calls")
         return out
+

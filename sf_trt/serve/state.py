@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable, Optional
 from ..engine_loop import EngineLoop
 from ..scheduler import DEFAULT_DRAFTER
 from .errors import ApiError
+from .limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_BYTES, DEFAULT_READ_TIMEOUT_S
 from .metrics import ServerMetrics
 
 __all__ = ["ServerState", "Loader"]
@@ -26,6 +27,9 @@ class ServerState:
     default_speculate: str = DEFAULT_DRAFTER
     default_max_draft: int = 0
     drain_timeout_s: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     engine: Optional[EngineLoop] = None
     tokenizer: Any = None
     max_context: int = 0

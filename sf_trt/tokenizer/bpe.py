@@ -70,6 +70,9 @@ class Tokenizer:
                 except KeyError:  # not a byte-level piece: keep its text
                     token_bytes.append(piece.encode("utf-8"))
         self._token_bytes = token_bytes
+        # A text of N UTF-8 bytes is at least N / max_token_bytes tokens (byte-level BPE: the
+        # tokens' bytes are the text's); None when a normalizer may rewrite the text first.
+        self.max_token_bytes: int | None = max(map(len, token_bytes), default=1) if hf.normalizer is None else None
         self._compiled_template = None
         self._template_failure: str | None = None
         self._special_table: dict[str, int] | None = None
@@ -143,7 +146,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in it map to their ids."""
-        return list(self._hf.encode(text, add_special_tokens=False).ids)
+        return _encode_releasing_the_gil(self._hf, text)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text of ``ids`` (invalid UTF-8 becomes U+FFFD); the inverse of :meth:`encode`."""
@@ -252,7 +255,7 @@ class Tokenizer:
             hf = HFTokenizer.from_str(self._hf.to_str())
             hf.encode_special_tokens = True
             self._hf_text = hf
-        return list(self._hf_text.encode(text, add_special_tokens=False).ids)
+        return _encode_releasing_the_gil(self._hf_text, text)
 
     def _render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool, extra: dict[str, Any]) -> str:
         if not self.chat_template:
@@ -273,3 +276,11 @@ class Tokenizer:
                 "it is not run again"
             )
             raise TokenizerError(self._template_failure) from None
+
+
+def _encode_releasing_the_gil(hf: Any, text: str) -> list[int]:
+    """``hf.encode(text)``'s ids. ``encode_batch`` gives the same ids but releases the GIL
+    while it works (``encode`` holds it): a server tokenizing a long prompt in a worker
+    thread keeps answering other clients (2 MiB of text: its event loop stalled 3.7 s
+    with ``encode``, 0.2 s with this)."""
+    return list(hf.encode_batch([text], add_special_tokens=False)[0].ids)

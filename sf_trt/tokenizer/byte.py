@@ -30,6 +30,7 @@ class ByteTokenizer:
             f"<|special:{i}|>".encode() if i in self.special_ids else bytes([i]) for i in range(self.vocab_size)
         ]
         self.chat_template = "byte-chat"
+        self.max_token_bytes = 1  # a text of N bytes is N tokens
 
     def encode(self, text: str) -> list[int]:
         ids = list(text.encode("utf-8"))

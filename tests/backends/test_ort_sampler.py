@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
 
 from sf_trt.graphs import verify as V
-from sf_trt.primitives import SampleRows
+from sf_trt.primitives import SAMPLE_ROW_FIELDS, SampleRows
 from sf_trt.backends.ort_sampler import OrtVerifySampler
 
 from rows import random_sample_feeds as random_feeds
@@ -26,7 +25,7 @@ def run(feeds, vocab, **kw):
 
 
 def sample_rows(feeds) -> SampleRows:
-    return SampleRows(**{f.name: feeds[f.name] for f in dataclasses.fields(SampleRows)})
+    return SampleRows(**{name: feeds[name] for name in SAMPLE_ROW_FIELDS})
 
 
 def test_sampler_picks_the_cheapest_graph_and_draws_what_the_full_graph_draws():

@@ -17,6 +17,9 @@ from tiny_gguf import write_tiny_gguf
         (["generate", "--chat", "hi", "--temperature", "-1"], "temperature >= 0"),
         (["generate", "--chat", "hi", "--max-tokens", "0"], "max tokens >= 1"),
         (["generate", "--chat", "hi", "--seed", "-3"], "seed"),
+        (["generate", "--chat", "hi", "--presence-penalty", "3"], "a penalty in [-2, 2]"),
+        (["generate", "--chat", "hi", "--repetition-penalty", "0"], "a penalty in [2**-16, 2**16]"),
+        (["generate", "--chat", "hi", "--min-tokens", "-1"], "min tokens >= 0"),
         (["generate", "--prompt-ids", "1,x"], "comma-separated token ids"),
         (["generate"], "one of the arguments --prompt --chat --prompt-ids is required"),
         (["bench", "--prompts", "p.jsonl", "--lanes", "0"], "lanes in 1..64"),
@@ -81,6 +84,15 @@ def test_generate_json_is_the_same_with_and_without_speculation():
         assert spec["proposed"] > 0
     assert plain["proposed"] == 0
     assert len(plain["tokens"]) == 24 or plain["finish"] == "eos"
+
+
+@pytest.mark.slow
+def test_generate_with_penalties_is_the_same_with_and_without_speculation_and_not_the_unpenalised_text():
+    prompt = ["--prompt", "one two three four one two three four one two", "--max-tokens", "24", "--seed", "5", "--json"]
+    penalties = ["--presence-penalty", "1.0", "--frequency-penalty", "0.5", "--repetition-penalty", "1.3", "--min-tokens", "20"]
+    runs = {spec: json.loads(sf_trt("generate", *prompt, *penalties, "--speculate", spec, check=True).stdout) for spec in ("none", "prompt-lookup")}
+    assert runs["none"]["tokens"] == runs["prompt-lookup"]["tokens"] and len(runs["none"]["tokens"]) >= 20
+    assert json.loads(sf_trt("generate", *prompt, "--speculate", "none", check=True).stdout)["tokens"] != runs["none"]["tokens"]
 
 
 @pytest.mark.slow

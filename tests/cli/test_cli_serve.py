@@ -1,6 +1,6 @@
 """``sf-trt serve`` as a process (cli/serve.py): it serves, and SIGTERM during load
-drains it: every in-flight request finishes or ends with an error event, none hangs,
-the process exits 0."""
+drains it: new requests get 503 while every in-flight request finishes or ends with an
+error event, none hangs, the process exits 0."""
 
 from __future__ import annotations
 
@@ -47,10 +47,16 @@ def test_sigterm_during_load_finishes_or_fails_every_request_and_exits_0():
                 tasks = [asyncio.create_task(one(client, i)) for i in range(12)]
                 await asyncio.sleep(1.0)  # all admitted or queued, the long ones running
                 proc.send_signal(signal.SIGTERM)
-                return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+                await asyncio.sleep(0.3)
+                # while it drains it still listens: a new request is a 503, not a refused connection
+                late = await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
+                health = await client.get("/health")
+                return await asyncio.wait_for(asyncio.gather(*tasks), 30), late, health
 
         t0 = time.monotonic()
-        results = asyncio.run(main())
+        results, late, health = asyncio.run(main())
+        assert late.status_code == 503 and late.json()["error"]["type"] == "ServiceUnavailableError"
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
         rc = proc.wait(30)
         assert rc == 0, proc.stdout.read()
         assert time.monotonic() - t0 < 20
@@ -102,26 +108,30 @@ def test_serve_with_no_model_flags_serves_the_default_model(real_int8_model_dir)
 
 
 def test_the_prefix_cache_flag_reaches_the_engine_and_a_backend_that_cannot_hold_it_runs_without(monkeypatch, caplog):
+    """--prefix-cache-mb travels in the ServeConfig (what a Ray replica receives) to the executor."""
     import dataclasses
 
     from sf_trt.cli import build_parser
-    from sf_trt.cli import serve_state
+    from sf_trt.cli.serve_state import serve_config
+    from sf_trt.entrypoints import serving
 
     args = build_parser().parse_args(["serve", "--backend", "fake", "--prefix-cache-mb", "8"])
-    engine = serve_state.server_state(args)[1]()[0]
+    config = serve_config(args)
+    assert config.loop.executor.prefix_cache_mb == 8
+    engine = serving.server_state(config)[1]()[0]
     assert engine.executor.prefix_cache.budget_bytes == 8 << 20
-    default = build_parser().parse_args(["serve", "--backend", "fake"])
-    assert serve_state.server_state(default)[1]()[0].executor.prefix_cache.budget_bytes == 1024 << 20
+    default = serve_config(build_parser().parse_args(["serve", "--backend", "fake"]))
+    assert serving.server_state(default)[1]()[0].executor.prefix_cache.budget_bytes == 1024 << 20
 
-    opened = serve_state.open_served
+    opened = serving.open_served
 
-    def without_state_io(a):
-        prims, tokenizer, max_context = opened(a)
+    def without_state_io(c):
+        prims, tokenizer, max_context = opened(c)
         prims.capabilities = dataclasses.replace(prims.capabilities, state_bytes_per_token=0)
         return prims, tokenizer, max_context
 
-    monkeypatch.setattr(serve_state, "open_served", without_state_io)
+    monkeypatch.setattr(serving, "open_served", without_state_io)
     with caplog.at_level("WARNING", logger="sf_trt.serve"):
-        engine = serve_state.server_state(args)[1]()[0]
+        engine = serving.server_state(config)[1]()[0]
     assert engine.executor.prefix_cache is None
     assert "no prefix cache: FakePrimitives cannot save or load its state (--prefix-cache-mb 8 ignored)" in caplog.text

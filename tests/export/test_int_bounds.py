@@ -230,6 +230,12 @@ def registry_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     if name == "logprobs":
         logits = rng.normal(size=(5, 500)).astype(np.float32)
         return {"logits": logits, "tokens": np.array([0, 499, 7, 250, 1])}
+    if name == "adjust":
+        ids = np.array([[0, 499, 7], [250, 250, 250]])
+        feeds = {"logits": rng.normal(size=(2, 500)).astype(np.float32), "adjust_ids": ids}
+        for n, v in zip(("adjust_bias", "adjust_scale", "adjust_frequency", "adjust_presence"), (0.5, 1.3, 0.2, -0.4)):
+            feeds[n] = np.full(ids.shape, v, np.float32)
+        return feeds
     raise AssertionError(f"registry graph {name!r} has no feeds here: add them")
 
 

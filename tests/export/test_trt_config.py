@@ -34,7 +34,7 @@ def test_the_kind_of_a_graph_comes_from_its_inputs(name, kind):
 
 
 @pytest.mark.parametrize("version, network_flags", [
-    ("10.0.1", ("STRONGLY_TYPED",)), ("10.3.0", ("STRONGLY_TYPED",)), ("10.13.0.35", ("STRONGLY_TYPED",)),
+    ("10.12.0", ("STRONGLY_TYPED",)), ("10.13.0.35", ("STRONGLY_TYPED",)),
     ("10.16.1", ("STRONGLY_TYPED",)), ("11.0.0", ()), ("11.4.0.106", ()),
 ])
 @pytest.mark.parametrize("kind, precision", [("decoder", "fp32"), ("decoder", "fp16"), ("decoder", "bf16"), ("verify", "fp32"), ("copy_model", "fp32")])
@@ -46,19 +46,19 @@ def test_every_build_is_strongly_typed_with_no_precision_flag_and_no_tf32(versio
     s = build_settings(kind, precision, io, SHAPES, version)
     assert (s.kind, s.precision, s.tensorrt_version) == (kind, precision, version)
     assert s.network_flags == network_flags
-    assert s.builder_flags_set == ()
+    assert s.builder_flags_set == ("DISTRIBUTIVE_INDEPENDENCE",)
     assert s.builder_flags_cleared == ("TF32",)
     assert s.memory_pools == (("WORKSPACE", 1 << 30),)
     assert len(s.profiles) == 1 and s.profiles[0].unfixed() == []
 
 
 def test_the_profile_is_the_one_shape_of_the_graphs_named_dims():
-    s = build_settings("decoder", "fp16", onnx_io(GRAPHS["decoder"]()), SHAPES, "10.8.0", workspace_bytes=4 << 30)
+    s = build_settings("decoder", "fp16", onnx_io(GRAPHS["decoder"]()), SHAPES, "10.13.0", workspace_bytes=4 << 30)
     (p,) = s.profiles
     assert p.max_dims() == {"batch": 4, "rows_per_lane": 8, "logit_rows": 32, "max_lanes": 4, "cache_len": 129}
     assert p.inputs["input_ids"] == ((4, 8),) * 3 and p.inputs["past_key_0"][0] == (4, 2, 129, 16)
     assert s.memory_pools == (("WORKSPACE", 4 << 30),)
-    verify = build_settings("verify", "fp32", onnx_io(GRAPHS["verify"]()), SHAPES, "10.8.0")
+    verify = build_settings("verify", "fp32", onnx_io(GRAPHS["verify"]()), SHAPES, "10.13.0")
     assert verify.profiles[0].max_dims() == {"rows": 32}  # a decoder run's logit rows, one verify run
 
 
@@ -73,12 +73,13 @@ def test_settings_are_frozen_values_that_survive_json():
 
 
 @pytest.mark.parametrize("args, words", [
-    (("verify", "fp16", "10.3.0"), "a verify graph is built from fp32 only (got fp16)"),
-    (("copy_model", "bf16", "10.3.0"), "a copy_model graph is built from fp32 only (got bf16)"),
-    (("decoder", "fp8", "10.3.0"), "precision 'fp8' unknown (known: fp32, fp16, bf16)"),
-    (("encoder", "fp32", "10.3.0"), "graph kind 'encoder' unknown"),
-    (("decoder", "fp16", "9.3.0"), "TensorRT 9.3.0 found; sf_trt supports tensorrt>=10.0,<12"),
-    (("decoder", "fp16", "12.0.0"), "TensorRT 12.0.0 found; sf_trt supports tensorrt>=10.0,<12"),
+    (("verify", "fp16", "10.13.0"), "a verify graph is built from fp32 only (got fp16)"),
+    (("copy_model", "bf16", "10.13.0"), "a copy_model graph is built from fp32 only (got bf16)"),
+    (("decoder", "fp8", "10.13.0"), "precision 'fp8' unknown (known: fp32, fp16, bf16)"),
+    (("encoder", "fp32", "10.13.0"), "graph kind 'encoder' unknown"),
+    (("decoder", "fp16", "9.3.0"), "TensorRT 9.3.0 found; sf_trt supports tensorrt>=10.12,<12"),
+    (("decoder", "fp16", "10.1.0"), "TensorRT 10.1.0 found; sf_trt supports tensorrt>=10.12,<12"),
+    (("decoder", "fp16", "12.0.0"), "TensorRT 12.0.0 found; sf_trt supports tensorrt>=10.12,<12"),
     (("decoder", "fp16", "ten"), "TensorRT version 'ten' is not 'major.minor[.patch...]'"),
 ])
 def test_what_cannot_be_built_is_refused_naming_it(args, words):

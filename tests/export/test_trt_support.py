@@ -248,3 +248,96 @@ def test_a_graph_with_unproven_integer_arithmetic_other_than_division_gets_a_war
 def test_local_function_findings_name_the_call_site():
     (finding,) = errors_in(check_graph(_bitshift_in_local_function()))
     assert finding.graph == "main/scramble:Scramble" and finding.node == "fn_shift"
+
+
+# -- shapes that depend on values, and onnxruntime-only ops -------------------------------------
+
+POS = vi("positions", T.INT64, ["batch", "rows_per_lane"])
+
+
+def _key_extent_from_positions():
+    """What decoder_pass.onnx does: a key extent of max(positions) + 1, then a Range and a Slice by it."""
+    nodes = [
+        h.make_node("ReduceMax", ["positions"], ["pmax"], name="pmax", keepdims=0),
+        h.make_node("Add", ["pmax", "one"], ["extent"], name="extent"),
+        h.make_node("Range", ["zero", "extent", "one"], ["keys"], name="key_idx"),
+        h.make_node("Unsqueeze", ["extent", "axis0"], ["ends"], name="ends"),
+        h.make_node("Slice", ["cache", "zero1", "ends", "axis0"], ["window"], name="window_a"),
+        h.make_node("Slice", ["cache", "zero1", "ends", "axis0"], ["window2"], name="window_b"),
+    ]
+    m = model(nodes, [POS, vi("cache", T.FLOAT, [64, 8])], [vi("keys", T.INT64, None), vi("window", T.FLOAT, None), vi("window2", T.FLOAT, None)],
+              [i64("one", 1), i64("zero", 0), i64("zero1", [0]), i64("axis0", [0])])
+    return declare_ranges(m, inputs={"positions": (0, 63)})
+
+
+def _nonzero_of_input():
+    return model([h.make_node("NonZero", ["x"], ["nz"], name="nz")], [vi("x", T.FLOAT, [8])], [vi("nz", T.INT64, None)])
+
+
+def _reshape_by_values():
+    nodes = [h.make_node("Reshape", ["x", "shape_in"], ["y"], name="reshape_by_values")]
+    return model(nodes, [X, vi("shape_in", T.INT64, [2])], [Y])
+
+
+def _matmul_nbits():
+    node = h.make_node("MatMulNBits", ["x", "w", "scales"], ["y"], name="l0_q_proj", domain="com.microsoft", K=512, N=512, bits=4, block_size=32)
+    return model([node], [X], [Y], [nh.from_array(np.zeros((512, 16, 16), np.uint8), "w"), nh.from_array(np.ones(8192, np.float32), "scales")],
+                 extra_domains=["com.microsoft"])
+
+
+REFUSED = {
+    # name: (graph, node, the finding's whole text)
+    "key extent from positions (Range)": (
+        _key_extent_from_positions, "key_idx",
+        "error: key_idx (Range): input limit ('extent') is computed from the values of graph input(s) ['positions'], so the shapes "
+        "after it depend on data; expected every dim fixed by the engine's one profile, sized by input shapes or constants, not "
+        "values (decoder_pass.onnx sizes its key extent from `positions`: it is onnxruntime's; TensorRT builds decoder.onnx)",
+    ),
+    "key extent from positions (Slice, once for two nodes)": (
+        _key_extent_from_positions, "window_a",
+        "error: window_a (Slice): input ends ('ends') is computed from the values of graph input(s) ['positions'], so the shapes "
+        "after it depend on data (the same tensor sizes 1 more node(s)); expected every dim fixed",
+    ),
+    "NonZero of an input": (_nonzero_of_input, "nz", "error: nz (NonZero): its output size counts the values of graph input(s) ['x']"),
+    "Reshape by an input's values": (_reshape_by_values, "reshape_by_values", "input shape ('shape_in') is computed from the values of graph input(s) ['shape_in']"),
+    "q4: MatMulNBits": (
+        _matmul_nbits, "l0_q_proj",
+        "error: l0_q_proj (MatMulNBits): onnxruntime-only (MatMulNBits is a contrib op); export int8, fp16 or bf16 for TensorRT; "
+        "expected a default-domain MatMul: `sf-trt export --weights int8` (or `--weights float32 --precision fp16|bf16`); "
+        "a q4 model directory runs on onnxruntime only",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_check_refuses_with_the_message(case):
+    make, node, text = REFUSED[case]
+    hits = [str(f) for f in errors_in(check_graph(make())) if f.node == node]
+    assert len(hits) == 1 and text in hits[0], hits
+
+
+def test_a_key_extent_refusal_is_one_finding_per_size_giving_tensor():
+    assert sorted(f.node for f in errors_in(check_graph(_key_extent_from_positions()))) == ["key_idx", "window_a"]
+
+
+def test_shapes_from_shape_ops_and_values_that_move_no_shape_pass():
+    """``Shape`` cuts the values: a Range over an input's shape is one shape; positions used as
+    values (a mask, scatter indices) size nothing."""
+    nodes = [
+        h.make_node("Shape", ["positions"], ["pshape"], name="pshape"),
+        h.make_node("Gather", ["pshape", "one"], ["rows"], name="rows", axis=0),
+        h.make_node("Range", ["zero", "rows", "one"], ["ids"], name="row_ids"),
+        h.make_node("LessOrEqual", ["ids", "positions"], ["mask"], name="mask"),
+    ]
+    m = model(nodes, [POS], [vi("ids", T.INT64, None), vi("mask", T.BOOL, None)], [i64("one", 1), i64("zero", 0)])
+    assert errors_in(check_graph(m)) == [], "\n".join(map(str, check_graph(m)))
+
+
+def test_the_pass_form_decoder_is_refused_and_the_slots_form_passes(tiny):
+    from sf_trt.export.decoder_graph import build_decoder_graph, pass_form
+
+    cfg, weights = tiny
+    slots = build_decoder_graph(cfg, weights)
+    assert errors_in(check_graph(slots)) == []
+    refused = errors_in(check_graph(pass_form(slots)))
+    assert refused and all("depend on data" in f.problem and "['positions']" in f.problem for f in refused)

@@ -22,12 +22,12 @@ from sf_trt.formats.manifest import (
 from sf_trt.graphs.copy_model import build_copy_graph
 
 
-def _entry(tmp_path, name="copy_model", trt="10.3.0", cc="9.0") -> EngineManifest:
+def _entry(tmp_path, name="copy_model", trt="10.13.0", cc="9.0") -> EngineManifest:
     return engine_entry(tmp_path, name, trt, cc)
 
 
 REFUSALS = {
-    "TensorRT version": (dict(trt_version="10.4.0"), "built with TensorRT 10.3.0, running TensorRT 10.4.0"),
+    "TensorRT version": (dict(trt_version="10.14.0"), "built with TensorRT 10.13.0, running TensorRT 10.14.0"),
     "compute capability": (dict(compute_capability="8.9"), "built for compute capability 9.0 (NVIDIA H200), this GPU is 8.9"),
     "engine digest": (dict(tamper="engine"), "engine file sha256"),
     "engine missing": (dict(tamper="delete"), "is missing"),
@@ -47,7 +47,7 @@ def test_manifest_round_trip_keeps_every_engine(tmp_path):
     recorded = data["engines"]["copy_model"]["settings"]  # what the build did, as data
     assert recorded["network_flags"] == ["STRONGLY_TYPED"] and recorded["builder_flags_cleared"] == ["TF32"]
     assert recorded["profiles"][0]["dims"] == {"rows": [8, 8, 8]} and back["copy_model"].settings == a.settings
-    check_manifest(back["copy_model"], "10.3.0", (9, 0), engine_path=tmp_path / a.engine_file, onnx_path=a.onnx_file)
+    check_manifest(back["copy_model"], "10.13.0", (9, 0), engine_path=tmp_path / a.engine_file, onnx_path=a.onnx_file)
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
@@ -62,7 +62,7 @@ def test_check_manifest_refuses_what_cannot_run_here(tmp_path, case):
         engine.unlink()
     elif tamper == "onnx":
         onnx.save(build_copy_graph(vocab=17, eos=16, max_lanes=2, max_context=8), graph)
-    args = {"trt_version": "10.3.0", "compute_capability": "9.0", **kw}
+    args = {"trt_version": "10.13.0", "compute_capability": "9.0", **kw}
     with pytest.raises(ManifestError, match=r"refusing engine 'copy_model': ") as err:
         check_manifest(entry, args["trt_version"], args["compute_capability"], engine_path=engine, onnx_path=graph)
     assert text in str(err.value) and "Rebuild it here" in str(err.value)

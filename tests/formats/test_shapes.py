@@ -7,6 +7,7 @@ import json
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
+from sf_trt.abi import LOGIT_BIAS_MAX_TOKENS, STOP_TOKEN_IDS_MAX
 from sf_trt.export.registry import GRAPHS
 
 from sf_trt.formats.shapes import (
@@ -45,7 +46,8 @@ def test_every_role_of_the_dim_table_is_sized_by_the_shapes():
     cfg = ShapeLimits(max_lanes=7, rows_per_lane=3, max_context=300)
     p = derive_profiles(_graph_with_input_dims(["lanes", "context", "rows"]), cfg)
     assert p.inputs["x"] == ((7, 300, 21),) * 3
-    want = {"rows_per_pass": 21, "rows_per_lane": 3, "lanes": 7, "context": 300, "lane_slots": 7, "cache_len": 301}
+    want = {"rows_per_pass": 21, "rows_per_lane": 3, "lanes": 7, "context": 300, "lane_slots": 7, "cache_len": 301,
+            "adjust_entries": 300 + LOGIT_BIAS_MAX_TOKENS + STOP_TOKEN_IDS_MAX}
     assert set(want) == set(ROLES)
     for name, role in DIM_ROLES.items():
         assert derive_profiles(_graph_with_input_dims([name]), cfg).dims[name] == (want[role],) * 3, name

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -17,12 +16,12 @@ from sf_trt.export.trt_support import check_graph, errors_in
 from sf_trt.graphs import noise as N
 from sf_trt.graphs import verify as V
 from sf_trt.graphs.reference import reference_verify_sample
-from sf_trt.primitives import SampleRows
+from sf_trt.primitives import SAMPLE_ROW_FIELDS, SampleRows
 
 from rows import random_sample_feeds as random_feeds
 from rows import verify_session as session
 
-SAMPLE_FIELDS = [f.name for f in dataclasses.fields(SampleRows)]
+SAMPLE_FIELDS = list(SAMPLE_ROW_FIELDS)
 ROOT = Path(__file__).resolve().parents[2]
 
 

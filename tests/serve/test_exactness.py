@@ -12,7 +12,7 @@ import pytest
 
 from sf_trt.engine_loop import LoopConfig
 from sf_trt.executor import ExecutorConfig
-from sf_trt.scheduler import DraftPolicy
+from sf_trt.scheduler import DraftPolicy, SchedulerConfig
 
 from servers import SlowFake, FAKE, live_server
 
@@ -35,6 +35,12 @@ def mixed_requests(n: int, prompts: list, max_tokens: int) -> list[dict]:
         }
         if i % 5 == 2:
             body["stop"] = ["\n\n", "the mat"]
+        if i % 4 == 1:  # the logit adjustments: exact under load too
+            body.update(presence_penalty=0.5, frequency_penalty=0.3)
+        if i % 4 == 2:
+            body.update(repetition_penalty=1.2, logit_bias={"32": 2.0, "101": -1.5})
+        if i % 7 == 3:
+            body["min_tokens"] = 10
         prompt = prompts[i % len(prompts)]
         if isinstance(prompt, list):
             body["messages"] = prompt
@@ -107,7 +113,7 @@ def test_sixteen_concurrent_mixed_requests_each_answer_what_they_answer_alone():
     # which would leave how many drafts ran to the timing)
     # with the prefix cache on, as `sf-trt serve` runs: the requests under load start from what the
     # ones alone left in it, and must answer the same
-    config = LoopConfig(tick_tokens=5, policy=DraftPolicy(), executor=ExecutorConfig(prefix_cache_mb=64))
+    config = LoopConfig(scheduler=SchedulerConfig.serving(tick_tokens=5, policy=DraftPolicy()), executor=ExecutorConfig(prefix_cache_mb=64))
     with live_server(SlowFake(cfg), config=config) as live:
         bodies = mixed_requests(16, PROMPTS, 60)
         check_headline(live.url, bodies, cancelled={3, 10, 14}, timeout_s=120)

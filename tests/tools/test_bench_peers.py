@@ -52,3 +52,64 @@ def test_sf_trt_runs_with_its_threads_waiting_as_llama_cpps_do(load_tool, tmp_pa
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert ("--spin" in argv) is spins and ("--spin" in note) is spins
     assert argv[argv.index("--threads") + 1] == "2" and "--ignore-eos" in argv
+
+
+def test_bytes_per_token_count_every_weight_a_pass_reads_but_gathered_tables(load_tool, tiny_int8_model_dir, tmp_path):
+    """sf_trt's int8 graph: everything but the float32 embedding (a pass gathers a row of it) is read per token;
+    the tiny GGUF (tied: no output.weight) reads every tensor, its embedding as the output matrix."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from tiny_gguf import write_tiny_gguf
+
+    bench_peers = load_tool("bench_peers")
+    graph = tiny_int8_model_dir / "decoder_pass.onnx"
+    got = bench_peers.onnx_bytes_per_token(graph)
+    inits = {i.name: numpy_helper.to_array(i, base_dir=str(tiny_int8_model_dir)).nbytes for i in onnx.load(str(graph)).graph.initializer}
+    assert got["gathered_tables_bytes"] > 0 and got["bytes_per_token"] + got["gathered_tables_bytes"] == sum(inits.values())
+    cfg, weights = write_tiny_gguf(tmp_path / "t.gguf")
+    tiny = bench_peers.gguf_bytes_per_token(tmp_path / "t.gguf")
+    assert tiny["tied_embedding"] is True
+    assert tiny["bytes_per_token"] == weights.tok_embd.nbytes + weights.output_norm.nbytes + sum(
+        getattr(layer, f).nbytes for layer in weights.layers
+        for f in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"))
+    assert np.dtype(weights.tok_embd.dtype) == np.float32
+
+
+def test_the_triad_reports_the_bytes_it_moved(load_tool):
+    bench_peers = load_tool("bench_peers")
+    probe = bench_peers.machine_bandwidth(2, 1)
+    assert probe["bytes_per_s"] == max(r["bytes_per_s"] for r in probe["runs"]) > 0
+    assert [r["threads"] for r in probe["runs"]] == [1, 2]
+    assert probe["runs"][1]["bytes_moved"] == 2 * bench_peers.TRIAD_ARRAYS_MOVED * (1 << 20)
+
+
+def test_each_engines_decode_is_a_fraction_of_bandwidth_over_its_bytes_per_token(load_tool):
+    """Decode-only where the first token's time is known (tokens after it over the seconds after it), end to
+    end where not (HF); the limit is bandwidth / bytes per token."""
+    bench_peers = load_tool("bench_peers")
+    results = [{"peers": {"genai": {"plain": {"tokens": 11, "tokens_per_s": 11 / 2.0, "first_token_s": 1.0}},
+                          "hf": {"plain": {"tokens": 10, "tokens_per_s": 5.0, "first_token_s": None}}}}]
+    sf_doc = {"results": [{"plain": {"tokens": 21, "tokens_per_s": 21 / 3.0, "first_token_s": 1.0}}]}
+    weights = {"genai": {"bytes_per_token": 100}, "hf": {"bytes_per_token": None}, "sf_trt": {"bytes_per_token": 200}}
+    got = bench_peers.limit_report(results, sf_doc, weights, {"bytes_per_s": 1000.0})
+    assert got["genai"] == {"tokens_per_s": 10.0, "rate": "decode only", "bytes_per_token": 100, "limit_tokens_per_s": 10.0,
+                            "fraction_of_limit": 1.0}
+    assert got["sf_trt"]["tokens_per_s"] == 10.0 and got["sf_trt"]["fraction_of_limit"] == 2.0
+    assert got["hf"]["rate"].startswith("end to end") and got["hf"]["fraction_of_limit"] is None
+    assert bench_peers.decode_rate(11, 2.0, 1.0) == 10.0 and bench_peers.decode_rate(1, 2.0, 1.0) is None
+
+
+def test_genai_is_left_out_with_a_note_without_its_package_or_model(load_tool, tmp_path, capsys, monkeypatch):
+    """The project never depends on onnxruntime-genai: without it (or without --genai-model) the peer is a note."""
+    import importlib.util
+
+    bench_peers = load_tool("bench_peers")
+    args = bench_peers._parser().parse_args(["--peers", "genai"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_genai" else real(name, *a))
+    with pytest.raises(bench_peers.Missing, match="genai: missing Python package.s. onnxruntime_genai"):
+        bench_peers._open_peers(["genai"], tmp_path / "x.gguf", args)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "onnxruntime_genai" else real(name, *a))
+    with pytest.raises(bench_peers.Missing, match=r"genai: no --genai-model DIR"):
+        bench_peers._open_peers(["genai"], tmp_path / "x.gguf", args)

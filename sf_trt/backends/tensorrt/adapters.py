@@ -1,7 +1,10 @@
 """The model engines behind the Primitives protocol: the copy model or a decoder.
 
 Each adapter owns the model's state buffers on the device and turns the
-protocol's flat :class:`~sf_trt.primitives.Rows` into the engine's inputs.
+protocol's flat :class:`~sf_trt.primitives.Rows` into the engine's inputs. A
+pass runs inside :meth:`~.device.Device.on_stream`: every device op of it (the
+gathers of ``new_kv`` rows and logit rows included, not only the writes) is
+ordered on the runtime's one stream with the engine's work.
 """
 
 from __future__ import annotations
@@ -62,15 +65,20 @@ class CopyModel:
         runner.bind(COPY_STATE, self.state)
 
     def forward(self, rows: Rows, vocab: int) -> Any:
+        with self.dev.on_stream():
+            return self._forward(rows, vocab)
+
+    def _forward(self, rows: Rows, vocab: int) -> Any:
         dev = self.dev
         dev.put(
-            self.state, (dev.to_device(rows.lanes), dev.to_device(rows.positions)),
+            self.state, (dev.to_device(rows.slots), dev.to_device(rows.positions)),
             dev.to_device(rows.tokens.astype(numpy_dtype(self.state_dtype))),
         )
         k, size = int(rows.logit_rows.size), self.max_rows
         if k == 0:
             return dev.zeros((0, vocab), "float32")
-        picked = {b.name: getattr(rows, b.name)[rows.logit_rows] for b in self.row_inputs}
+        by_input = {"lanes": rows.slots, "positions": rows.positions}  # the copy graph's row inputs (graphs/copy_model.py)
+        picked = {b.name: by_input[b.name][rows.logit_rows] for b in self.row_inputs}
         out = None
         for lo in range(0, k, size):
             m = min(size, k - lo)
@@ -138,14 +146,18 @@ class Decoder:
         self.lane_ids = dev.to_device(np.arange(batch).astype(self.dtypes["lane_ids"]))  # lane l at index l, always
 
     def forward(self, rows: Rows, vocab: int) -> Any:
+        with self.dev.on_stream():
+            return self._forward(rows, vocab)
+
+    def _forward(self, rows: Rows, vocab: int) -> Any:
         dev, n, k = self.dev, rows.num_rows, int(rows.logit_rows.size)
         if n == 0:
             return dev.zeros((0, vocab), "float32")
         L, T = self.max_lanes, self.rows_per_lane
         first = np.full(L, np.iinfo(np.int64).max, np.int64)
-        np.minimum.at(first, rows.lanes, rows.positions)
-        run_of, t = np.divmod(rows.positions - first[rows.lanes], T)  # a lane's rows are consecutive positions
-        flat = rows.lanes * T + t  # each row's index among a run's L * T rows
+        np.minimum.at(first, rows.slots, rows.positions)
+        run_of, t = np.divmod(rows.positions - first[rows.slots], T)  # a lane's rows are consecutive positions
+        flat = rows.slots * T + t  # each row's index among a run's L * T rows
         n_runs, out = int(run_of.max()) + 1, None
         for r in range(n_runs):
             here = np.flatnonzero(run_of == r)
@@ -163,7 +175,7 @@ class Decoder:
         """One run of the rows ``here`` (at row ``t`` of their lane); writes their K/V into the
         caches and returns the logits of the rows at ``logit_flat`` (first ``logit_flat.size`` rows)."""
         dev, L, T = self.dev, self.max_lanes, self.rows_per_lane
-        lanes = rows.lanes[here]
+        lanes = rows.slots[here]
         input_ids = np.zeros((L, T), np.int64)
         positions = np.full((L, T), self.max_context, np.int64)  # padding: the trash slot
         input_ids[lanes, t] = rows.tokens[here]

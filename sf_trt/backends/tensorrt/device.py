@@ -1,8 +1,19 @@
-"""Where the arrays live: numpy on the CPU (the stand-in) or torch on one CUDA device."""
+"""Where the arrays live: numpy on the CPU (the stand-in) or torch on one CUDA device.
+
+One stream. Every torch op the TensorRT backend issues (copies in, gathers of
+``new_kv`` rows, the write-back into the caches, the logit rows picked out, the
+CUDA-graph input copies) runs on the runtime's own stream, the one TensorRT
+enqueues on: an op on torch's default stream would be ordered against neither
+the engine's work nor the next write-back (``index_put_`` reading a gather that
+has not run yet is silent cache corruption). The adapters enter
+:meth:`Device.on_stream` around a whole pass; :class:`TorchDevice`'s own methods
+enter it again, so each of them is safe alone too.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+import contextlib
+from typing import Any, ContextManager, Protocol, Sequence
 
 import numpy as np
 
@@ -19,6 +30,9 @@ class Device(Protocol):
     def zeros(self, shape: Sequence[int], dtype: str) -> Any: ...
     def put(self, buf: Any, index: tuple, values: Any) -> None: ...
     def synchronize(self) -> None: ...
+    def on_stream(self) -> ContextManager[Any]:
+        """A context in which every array op runs on the runtime's stream."""
+        ...
 
 
 class NumpyDevice:
@@ -37,9 +51,12 @@ class NumpyDevice:
     def synchronize(self) -> None:
         pass
 
+    def on_stream(self) -> ContextManager[None]:
+        return contextlib.nullcontext()
+
 
 class TorchDevice:
-    """torch tensors on one CUDA device; all work on one stream."""
+    """torch tensors on one CUDA device; all work on one stream (:attr:`stream`)."""
 
     def __init__(self, torch, device: int) -> None:
         self.torch = torch
@@ -50,22 +67,28 @@ class TorchDevice:
             "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
         }
 
+    def on_stream(self):
+        """torch's current stream is :attr:`stream` inside this context."""
+        return self.torch.cuda.stream(self.stream)
+
     def to_device(self, a: np.ndarray):
-        with self.torch.cuda.stream(self.stream):
+        with self.on_stream():
             return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=False)
 
     def to_host(self, x) -> np.ndarray:
+        with self.on_stream():
+            if x.dtype == self.torch.bfloat16:
+                x = x.float()
+            host = x.cpu()  # on the stream, after everything enqueued on it
         self.stream.synchronize()
-        if x.dtype == self.torch.bfloat16:
-            x = x.float()
-        return x.cpu().numpy()
+        return host.numpy()
 
     def zeros(self, shape, dtype: str):
-        with self.torch.cuda.stream(self.stream):
+        with self.on_stream():
             return self.torch.zeros(tuple(shape), dtype=self.dtypes[dtype], device=self.device)
 
     def put(self, buf, index: tuple, values) -> None:
-        with self.torch.cuda.stream(self.stream):
+        with self.on_stream():
             buf[index] = values
 
     def synchronize(self) -> None:

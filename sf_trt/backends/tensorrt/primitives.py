@@ -42,17 +42,19 @@ from ...graphs.verify import MATCH as VERIFY_MATCH
 from ...graphs.verify import SAMPLE_INPUTS as VERIFY_SAMPLE_INPUTS
 from ...graphs.verify import TOKENS as VERIFY_TOKENS
 from ...primitives import Capabilities, PrimitivesBase, Rows, SampleRows
+from ..ort_adjust import HostLogitAdjust
+from ..ort_logprobs import HostLogprobs
 from .adapters import COPY_STATE, DECODER_INPUTS, CopyModel, Decoder
 from .buffers import BufferPlan, numpy_dtype
 from .device import Device, NumpyDevice, TorchDevice
 from .errors import TensorRTUnavailable, refuse
-from .probes import device_info, import_tensorrt
+from .probes import cuda_mismatch, device_info, import_tensorrt, stack_versions, start_tensorrt
 from .runners import EngineRunner, OrtRunner, TrtRunner
 
 __all__ = ["TensorRTPrimitives"]
 
 
-class TensorRTPrimitives(PrimitivesBase):
+class TensorRTPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The copy model (the TensorRT fake) or a decoder, and the verify-and-sample
     graph, as engines behind the Primitives protocol.
 
@@ -108,7 +110,7 @@ class TensorRTPrimitives(PrimitivesBase):
             Capabilities(
                 vocab=int(m.vocab), eos=int(eos), max_lanes=int(m.max_lanes), max_context=int(m.max_context),
                 max_rows_per_pass=int(max_rows_per_pass or m.max_rows), verify_rows=verify_rows,
-                truncate_partial=truncate_partial, kernel_capabilities=kernel_capabilities, top_k_limit=int(top_k_limit),
+                truncate_partial=truncate_partial, kernel_capabilities=kernel_capabilities, top_k_limit=int(top_k_limit), logprobs=True,
             )
         )
 
@@ -163,6 +165,9 @@ class TensorRTPrimitives(PrimitivesBase):
                 check_manifest(entries[name], trt.__version__, cc)
         except (ManifestError, TensorRTUnavailable) as exc:
             raise refuse(str(exc)) from None
+        mismatch = cuda_mismatch(stack_versions(trt, device))
+        if mismatch:
+            raise refuse(mismatch)
         if eos is None:
             if "eos" not in entries[model].meta:
                 raise refuse(f"eos not given and not in the manifest's meta for {model!r}")
@@ -171,7 +176,10 @@ class TensorRTPrimitives(PrimitivesBase):
             caps.setdefault("top_k_limit", int(entries[verify].meta["top_k_limit"]))
         dev = TorchDevice(torch, device)
         with dev.current():  # the runtime and the engines belong to this device
-            runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+            try:
+                runtime = start_tensorrt(trt, "Runtime", trt.Logger(trt.Logger.WARNING))
+            except TensorRTUnavailable as exc:
+                raise refuse(str(exc)) from None
             runners = [
                 TrtRunner(trt, runtime, name, (Path(engine_dir) / entries[name].engine_file).read_bytes(), plans[name], dev, cuda_graphs=cuda_graphs)
                 for name in (model, verify)
@@ -218,22 +226,38 @@ class TensorRTPrimitives(PrimitivesBase):
         dev, k, size = self._dev, sample.num_rows, self._verify_rows
         tokens, match = np.zeros(k, np.int64), np.zeros(k, bool)
         host = sample_feeds(sample) if k else {}  # the fields, and the noise keys made from rng_counter_base and position
-        for lo in range(0, k, size):
-            m = min(size, k - lo)
-            dev.put(self._staging, (slice(0, m),), logits[lo : lo + m])
-            feeds = {VERIFY_LOGITS: self._staging}
-            for b in self._verify.plan.inputs():
-                if b.name != VERIFY_LOGITS:
-                    padded = np.full(b.shape, _VERIFY_PADDING.get(b.name, 0), numpy_dtype(b.dtype))
-                    padded[:m] = host[b.name][lo : lo + m]
-                    feeds[b.name] = dev.to_device(padded)
-            out = self._verify.run(feeds)
-            tokens[lo : lo + m] = dev.to_host(out[VERIFY_TOKENS])[:m]
-            match[lo : lo + m] = dev.to_host(out[VERIFY_MATCH])[:m]
+        with dev.on_stream():
+            for lo in range(0, k, size):
+                self._verify_run(logits, host, lo, min(size, k - lo), tokens, match)
         return tokens, match
+
+    def _verify_run(self, logits: Any, host: dict, lo: int, m: int, tokens: np.ndarray, match: np.ndarray) -> None:
+        """One verify run of rows ``lo .. lo + m`` (padded to the engine's rows), their draws into ``tokens`` / ``match``."""
+        dev = self._dev
+        dev.put(self._staging, (slice(0, m),), logits[lo : lo + m])
+        feeds = {VERIFY_LOGITS: self._staging}
+        for b in self._verify.plan.inputs():
+            if b.name != VERIFY_LOGITS:
+                padded = np.full(b.shape, _VERIFY_PADDING.get(b.name, 0), numpy_dtype(b.dtype))
+                padded[:m] = host[b.name][lo : lo + m]
+                feeds[b.name] = dev.to_device(padded)
+        out = self._verify.run(feeds)
+        tokens[lo : lo + m] = dev.to_host(out[VERIFY_TOKENS])[:m]
+        match[lo : lo + m] = dev.to_host(out[VERIFY_MATCH])[:m]
+
+    def _adjust_impl(self, logits: Any, adjust) -> Any:
+        """The adjust graph on onnxruntime over the host's copy of the rows (penalties, bias,
+        min_tokens: only lanes that ask pay), back on the device for the verify engine.
+        An adjust engine (the graph passes ``sf-trt build --check``) would keep them there."""
+        return self._dev.to_device(super()._adjust_impl(logits, adjust))  # to_device runs on the runtime's stream
 
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # rollback is the length PrimitivesBase keeps: nothing past it is read
+
+    def graphs_captured(self) -> dict[str, bool]:
+        """Per engine, whether its runs replay a captured CUDA graph (``open(cuda_graphs=True)``
+        captures at each engine's first run; a refused capture leaves ``False``)."""
+        return {r.name: bool(r.graph_captured) for r in (self._model.runner, self._verify)}
 
     def logits_host(self, logits: Any) -> np.ndarray:
         return self._dev.to_host(logits).astype(np.float32, copy=False)

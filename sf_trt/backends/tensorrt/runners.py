@@ -28,6 +28,8 @@ class EngineRunner(Protocol):
 
     name: str
     plan: BufferPlan
+    graph_captured: bool
+    """Whether runs replay a captured CUDA graph."""
 
     def bind(self, name: str, buf: Any) -> None: ...
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]: ...
@@ -36,6 +38,8 @@ class EngineRunner(Protocol):
 
 class OrtRunner:
     """The CPU stand-in: the engine's own ONNX graph on onnxruntime (tests only)."""
+
+    graph_captured = False  # no CUDA graphs on the CPU
 
     def __init__(self, name: str, graph: Any, plan: BufferPlan, threads: int = 1) -> None:
         from ..ort_session import open_session  # noqa: PLC0415
@@ -147,17 +151,22 @@ class TrtRunner:
     def _enqueue(self, ctx, what: str) -> None:
         self._ok(self._call(lambda: ctx.execute_async_v3(self.dev.stream.cuda_stream), what), what)
 
+    @property
+    def graph_captured(self) -> bool:
+        """Whether runs replay a captured CUDA graph (False before the first run, without
+        ``cuda_graphs``, and after a refused capture fell back to plain enqueues)."""
+        return self._graph is not None
+
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        with self.dev.current():
+        with self.dev.current(), self.dev.on_stream():
             if self.cuda_graphs and not self._capture_tried:
                 self._capture_tried = True
                 self._graph = capture_or_none(self.name, lambda: self._capture(feeds))
             if self._graph is not None:
                 graph, _, static_in, views = self._graph
-                with self.dev.torch.cuda.stream(self.dev.stream):
-                    for name, t in feeds.items():
-                        static_in[name].copy_(t, non_blocking=True)
-                    graph.replay()
+                for name, t in feeds.items():
+                    static_in[name].copy_(t, non_blocking=True)
+                graph.replay()
                 return views
             views = self._prepare(self.context, feeds, self._outputs)
             self._enqueue(self.context, "execute_async_v3")
@@ -168,8 +177,7 @@ class TrtRunner:
         enqueue or CUDA refuses the capture (the capture is ended and the CUDA error cleared)."""
         torch, stream = self.dev.torch, self.dev.stream
         ctx = self._new_context()  # a graph fixes its context's shapes and addresses: one context for the graph
-        with torch.cuda.stream(stream):
-            static_in = {n: t.clone() for n, t in feeds.items()}
+        static_in = {n: t.clone() for n, t in feeds.items()}  # on the stream: run() entered it
         outputs = {b.name: self.dev.zeros(b.shape, b.dtype) for b in self.plan.outputs()}
         views = self._prepare(ctx, static_in, outputs)
         # TensorRT defers some work after a shape change to the first enqueue:

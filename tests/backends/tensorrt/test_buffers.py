@@ -15,7 +15,7 @@ from sf_trt.formats.manifest import EngineManifest
 from sf_trt.formats.shapes import IOTensor, onnx_io
 
 
-def _entry(tmp_path, name="copy_model", trt="10.3.0", cc="9.0") -> EngineManifest:
+def _entry(tmp_path, name="copy_model", trt="10.13.0", cc="9.0") -> EngineManifest:
     return engine_entry(tmp_path, name, trt, cc)
 
 

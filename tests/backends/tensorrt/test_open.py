@@ -52,3 +52,40 @@ def test_manifest_problems_are_reported_before_tensorrt_is_looked_for(tmp_path, 
     with pytest.raises(StatusError, match=CASES[case]) as err:
         TensorRTPrimitives.open(engines, model="decoder", verify="verify")
     assert err.value.status == Status.UNSUPPORTED and "TensorRT not available" not in str(err.value)
+
+
+def _stack(monkeypatch, trt, *, wheel="tensorrt-cu12"):
+    """Stand-ins for tensorrt and torch (tests/trt_fakes.py), and the versions the probes read."""
+    import sys
+
+    from trt_fakes import FakeTorch
+
+    from sf_trt.backends.tensorrt import probes
+
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch())
+    monkeypatch.setattr(probes, "_driver_version", lambda: "570.86.15")
+    monkeypatch.setattr(probes, "_driver_cuda", lambda: "12.8")
+    monkeypatch.setattr(probes, "_tensorrt_wheel", lambda: wheel)
+
+
+def test_a_runtime_that_cannot_start_is_one_line_naming_the_stack(tmp_path, monkeypatch):
+    from trt_fakes import NULLPTR, FakeTrt
+
+    _stack(monkeypatch, FakeTrt("10.13.0", runtime_error=NULLPTR))
+    with pytest.raises(StatusError) as err:
+        TensorRTPrimitives.open(write_engines_dir(tmp_path / "engines"), model="decoder", verify="verify")
+    assert err.value.status == Status.UNSUPPORTED and "\n" not in str(err.value)
+    assert str(err.value) == (
+        "TensorRTPrimitives: trt.Runtime could not start (TypeError: pybind11::init(): factory function returned nullptr); "
+        "found driver 570.86.15 (CUDA 12.8), CUDA runtime 12.8 (torch 2.8.0+fake), TensorRT 10.13.0 (tensorrt-cu12), "
+        "GPU Fake H200 (compute capability 9.0); is a GPU visible, and does the driver support the CUDA of TensorRT's wheel?"
+    )
+
+
+def test_a_tensorrt_wheel_of_another_cuda_major_than_torch_is_refused(tmp_path, monkeypatch):
+    from trt_fakes import FakeTrt
+
+    _stack(monkeypatch, FakeTrt("10.13.0"), wheel="tensorrt-cu13")
+    with pytest.raises(StatusError, match=r"^TensorRTPrimitives: TensorRT's wheel is tensorrt-cu13 \(CUDA 13\) but torch 2\.8\.0\+fake runs CUDA 12\.8: install sf_trt\[gpu-cu12\]"):
+        TensorRTPrimitives.open(write_engines_dir(tmp_path / "engines"), model="decoder", verify="verify")

@@ -301,8 +301,16 @@ def test_the_device_checks_packing_passes_on_the_stand_in(precision, rows_per_la
 
 def test_the_device_checks_replay_and_speculation_pass_on_the_stand_in():
     """(e) and the decoder's speculation on the stand-in: the comparisons themselves (a CUDA graph
-    needs a GPU; here both runs are plain)."""
-    assert "bit for bit" in check.replay_equals_eager(lambda graphs: check.tiny_stand_in("fp16"), 256)
+    needs a GPU; here both runs are plain, the replayed one claiming its graphs were captured;
+    tests/backends/tensorrt/test_device_check.py shows (e) failing when they were not)."""
+
+    def make(graphs: bool):
+        p = check.tiny_stand_in("fp16")
+        if graphs:
+            p.graphs_captured = lambda: {"model": True, "verify": True}
+        return p
+
+    assert "bit for bit" in check.replay_equals_eager(make, 256)
     detail = check.speculative_equals_plain(lambda cfg: check.tiny_stand_in(), [[t % 256 for t in p] for p in check.SPEC_PROMPTS], per_tick=12)
     assert "speculative == plain" in detail
 
@@ -350,6 +358,7 @@ def test_tensorrt_fake_matches_the_stand_in(tmp_path):
         for rows in (_rows([0, 0, 0], [0, 1, 2], [3, 4, 3], [0, 1, 2]), _rows([0, 1], [3, 0], [4, 9], [0, 1]), _rows([0, 1], [4, 1], [5, 2], [0, 1])):
             got, want = trt_p.forward(rows), cpu_p.forward(rows)
             np.testing.assert_array_equal(trt_p.logits_host(got), cpu_p.logits_host(want))
+        assert trt_p.graphs_captured()["copy_model"] == graphs  # a capture that fell back would say False
         trt_p.close()
 
 
@@ -397,3 +406,18 @@ def test_tensorrt_says_it_cannot_hold_a_prefix_cache():
     with pytest.raises(StatusError, match=r"load_prefix\(lane=0, 0 blocks of 0 positions\): TensorRTPrimitives cannot save or load state") as err:
         p.load_prefix(0, [])
     assert err.value.status == Status.UNSUPPORTED
+
+
+def test_penalized_lanes_on_the_stand_in_draw_what_the_fake_draws():
+    """The logit adjustments run before the verify engine (and on the device's copy of the
+    logits); a speculating lane with penalties emits what the same lane emits plain."""
+    import functools
+
+    from lanes import LaneSpec, plain_alone, run_lanes
+
+    params = SamplingParams(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                            logit_bias={5: 2.0}, min_tokens=4, max_tokens=20)
+    for mode in (Sampling.GPU_GREEDY, Sampling.GPU_GUMBEL):
+        spec = LaneSpec(prompt=(1, 2, 3, 1, 2, 3, 1, 2), mode=mode, params=params, speculate=True, seed=9, budgets=(7, 13))
+        (run,) = run_lanes(functools.partial(stand_in), [spec])
+        assert run.tokens == plain_alone(functools.partial(stand_in), spec).tokens and len(run.tokens) == 20

@@ -1,0 +1,122 @@
+"""What model to open (:class:`ModelSpec`), and opening it once (:func:`resolve`).
+
+A model is one of: the default model (SmolLM2-135M-Instruct, fetched and exported
+into the cache on first use), a Llama-family GGUF (exported into the cache on first
+use, then reused), or a model directory written by ``sf-trt export`` (its files
+checked against their digests). The command line, the server, Ray replicas,
+``sf_trt.LLM`` and the tools all open a model this way.
+
+A Hugging Face checkpoint directory is the next source: it takes a field here
+(``hf``) and one branch in :func:`resolve` that exports it into the cache as the
+GGUF branch does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+from ..abi import Status, StatusError
+from ..formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES, ModelDir
+from ..tokenizer import Tokenizer, TokenizerError
+
+__all__ = ["ModelSpec", "OpenedModel", "resolve", "DEFAULT_CONTEXT", "CONTEXT_STEP"]
+
+DEFAULT_CONTEXT = 2048
+"""Positions per lane when nothing says otherwise (capped at the model's context)."""
+CONTEXT_STEP = 256
+"""A context window chosen to fit requests is a multiple of this."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What model to open: ``path`` (a model directory), ``gguf`` (a GGUF file), or
+    neither (the default model); ``weights``: the weight dtype a GGUF or the default
+    model is exported with (:data:`~sf_trt.formats.model_dir.WEIGHT_DTYPES`; a model
+    directory has its own). Refusals are StatusError ``BAD_ARGUMENT``."""
+
+    path: Optional[Path] = None
+    gguf: Optional[Path] = None
+    weights: str = DEFAULT_WEIGHTS
+
+    def __post_init__(self) -> None:
+        for name in ("path", "gguf"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: {name} must be a path (got {type(value).__name__})")
+            if value is not None:
+                object.__setattr__(self, name, Path(value).expanduser())
+        if self.path is not None and self.gguf is not None:
+            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: a model directory or a GGUF, not both (got {self.path} and {self.gguf})")
+        if self.weights not in WEIGHT_DTYPES:
+            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: weights {self.weights!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
+
+    @classmethod
+    def of(cls, model: Union[str, os.PathLike, "ModelSpec", None], *, weights: str = DEFAULT_WEIGHTS) -> "ModelSpec":
+        """The spec ``model`` names: a spec as it is, None for the default model, a
+        directory for a model directory, anything else for a GGUF file."""
+        if isinstance(model, ModelSpec):
+            return model
+        if model is None:
+            return cls(weights=weights)
+        if not isinstance(model, (str, os.PathLike)):
+            raise StatusError(Status.BAD_ARGUMENT, f"model must be a path, a ModelSpec or None (got {type(model).__name__})")
+        path = Path(model).expanduser()
+        return cls(path=path, weights=weights) if path.is_dir() else cls(gguf=path, weights=weights)
+
+    @property
+    def name(self) -> str:
+        """The model's name: the directory's, the GGUF's without ``.gguf``, or the default model's."""
+        if self.path is not None:
+            return self.path.name
+        if self.gguf is not None:
+            return self.gguf.name.removesuffix(".gguf")
+        from .. import models
+
+        return models.DEFAULT_MODEL.model_name
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenedModel:
+    """A model directory ready to run, and its tokenizer."""
+
+    model_dir: ModelDir
+    tokenizer: Tokenizer
+
+    def context(self, asked: Optional[int] = None) -> int:
+        """Positions per lane: ``asked`` (at most the model's context), else
+        :data:`DEFAULT_CONTEXT` capped at the model's context."""
+        limit = self.model_dir.max_positions
+        if asked is None:
+            return min(DEFAULT_CONTEXT, limit)
+        if isinstance(asked, bool) or not isinstance(asked, int) or not 2 <= asked <= limit:
+            raise StatusError(Status.BAD_ARGUMENT, f"max_context must be an int in 2..{limit} (the model's context; got {asked!r})")
+        return asked
+
+
+def resolve(spec: ModelSpec, *, progress: bool = False) -> OpenedModel:
+    """Open the model ``spec`` names: a model directory as it is (its files checked
+    against their digests), a GGUF or the default model exported into the cache on
+    first use (``progress`` on stderr; the cache checked writable before anything is
+    fetched or built). Raises ModelError, ModelDirError, GGUFError or TokenizerError
+    with a one-line message naming the path and what was expected."""
+    from .. import models
+    from ..export.pipeline import default_model_dir, export_model_dir
+
+    if spec.path is not None:
+        model_dir = ModelDir.open(spec.path)
+    else:
+        if spec.gguf is not None:
+            gguf = models.check_gguf(spec.gguf)
+            with models.cache_lock():  # processes sharing the cache export it once
+                path = export_model_dir(gguf, models.export_dir(gguf, spec.weights), progress=progress, weight_dtype=spec.weights)
+        else:
+            path = default_model_dir(progress=progress, weight_dtype=spec.weights)
+        model_dir = ModelDir.open(path, verify=False)  # checked (or written) just now
+    try:
+        tokenizer = Tokenizer.load(model_dir.path)
+    except TokenizerError as exc:
+        raise TokenizerError(f"{exc} (re-export the model with `sf-trt export`)") from None
+    return OpenedModel(model_dir, tokenizer)
