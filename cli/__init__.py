@@ -1,7 +1,8 @@
 """``sf-trt``: generate, bench, export and build from the command line.
 
     sf-trt generate --chat "Rewrite this function with type hints: ..."
-    sf-trt export [--gguf PATH] [--out DIR]
+    sf-trt export [--gguf PATH | --hf DIR] [--out DIR]
+    sf-trt inspect PATH                 (what a GGUF or checkpoint holds; whether it is supported)
     sf-trt bench --prompts tools/prompts/bench.jsonl [--lanes N] [--json]
     sf-trt build --check DIR            (TensorRT's op support, no TensorRT needed)
 
@@ -24,6 +25,7 @@ from .build import add_build_parser
 from .errors import CliError
 from .export import add_export_parser
 from .generate import add_generate_parser
+from .inspect import add_inspect_parser
 from .serve import add_serve_parsers
 
 __all__ = ["main", "build_parser", "CliError"]
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate_parser(sub)
     add_export_parser(sub)
+    add_inspect_parser(sub)
     add_bench_parser(sub)
     add_build_parser(sub)
     add_serve_parsers(sub)  # serve, loadtest
@@ -42,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from sf_trt.export.gguf_llama import GGUFError
+    from sf_trt.export.hf_checkpoint import HFError
     from sf_trt.formats.files import NotWritable, Terminated
     from sf_trt.formats.model_dir import ModelDirError
     from sf_trt.models import ModelError
@@ -52,7 +56,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except StatusError as exc:
         _say(f"{exc} [{exc.status.name}]")
-    except (CliError, ModelError, ModelDirError, GGUFError, TokenizerError, NotWritable) as exc:
+    except (CliError, ModelError, ModelDirError, GGUFError, HFError, TokenizerError, NotWritable) as exc:
         _say(str(exc))
     except Terminated as exc:
         _say(f"{exc}; unfinished files removed")

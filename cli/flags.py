@@ -43,7 +43,11 @@ def add_model_flags(p: argparse.ArgumentParser, extra_backends: Optional[dict[st
     extra = extra_backends or {}
     g = p.add_argument_group("model")
     src = g.add_mutually_exclusive_group()
-    src.add_argument("--gguf", type=Path, help="a Llama-family GGUF file (exported to ONNX on first use, then reused)")
+    src.add_argument("--gguf", type=Path, help="a GGUF file of a supported family (llama, mistral, qwen2, qwen3, gemma3, phi3; "
+                     "exported to ONNX on first use, then reused)")
+    src.add_argument("--hf", type=Path, metavar="DIR",
+                     help="a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json) of a supported family; "
+                     "exported on first use, then reused")
     src.add_argument("--model", type=Path, help="a model directory written by `sf-trt export`")
     g.add_argument("--backend", choices=(*backend_names(), *extra), default="onnxruntime",
                    help="; ".join([*(f"{b.name}: {b.summary}" for b in BACKENDS.values()), *(f"{n}: {h}" for n, h in extra.items())]))

@@ -29,8 +29,8 @@ def note(msg: str) -> None:
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
-    """The model the flags name: ``--model DIR``, ``--gguf PATH`` or the default model, with ``--weights``."""
-    return ModelSpec(path=args.model, gguf=args.gguf, weights=args.weights)
+    """The model the flags name: ``--model DIR``, ``--gguf PATH``, ``--hf DIR`` or the default model, with ``--weights``."""
+    return ModelSpec(path=args.model, gguf=args.gguf, hf=getattr(args, "hf", None), weights=args.weights)
 
 
 def backend_spec(args: argparse.Namespace) -> BackendSpec:
@@ -44,7 +44,7 @@ def backend_spec(args: argparse.Namespace) -> BackendSpec:
 
 def resolve(args: argparse.Namespace, *, progress: bool = True) -> OpenedModel:
     """The model the flags name, opened (:func:`sf_trt.entrypoints.model.resolve`: a model
-    directory checked against its digests, a GGUF or the default model exported into
+    directory checked against its digests, a GGUF, a checkpoint or the default model exported into
     the cache on first use, progress on stderr)."""
     return resolve_spec(model_spec(args), progress=progress)
 

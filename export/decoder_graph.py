@@ -1,4 +1,4 @@
-"""The Llama decoder as one ONNX graph whose rows come out the same in any pass.
+"""The decoder (Llama and the families declared over it) as one ONNX graph whose rows come out the same in any pass.
 
 Exactness is the product: speculative decoding emits bit-identical tokens to
 plain decoding only if **row r of a pass is bit-identical whatever the number of
@@ -98,14 +98,27 @@ Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
 ``out = x * cos + swap_pairs(x) * sin_signed``.
 
+Families (:mod:`sf_trt.export.families`) are declared differences over this one graph, each
+a few nodes where the family has them: biases added after their matmul; q/k heads RMSNorm'd
+(float32, one weight row per head) before the rotation; the attention's and the MLP's outputs
+RMSNorm'd before their residual add; a GELU (tanh) gate; embedding rows times ``sqrt(hidden)``;
+q scaled by ``cfg.scale`` (``query_pre_attn_scalar``) in the rotary rows; Llama 3's rope divisors
+in the rotary tables; and on the sliding layers a second mask, ``-inf`` on keys
+``j <= p - window`` too, with their own rotary table where their rope base differs. The window
+is a mask over the lane's one contiguous cache, so a row still reads keys ``0 ..`` at their
+absolute positions and stays bit-identical however a pass is packed.
+
 Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
 ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
+Tanh with a GELU gate; Sub and Greater with a sliding window;
 DequantizeLinear with int8 weights; Cast below fp32; ArgMax, ReduceMax and Slice in the
 pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 weights.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import onnx
@@ -117,10 +130,11 @@ from sf_trt.formats.model_dir import (
 from sf_trt.graphs.builder import GraphBuilder
 from sf_trt.graphs.ranges import declare_ranges
 
+from .families import BIAS_OF, family
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
 from .quantize import BLOCK, Q4_HEAD_KIND, Q4_LAYER_KIND, blocks_for, quantize_int8
 
-__all__ = ["build_decoder_graph", "pass_form", "rope_tables", "COMPUTE_TYPES"]
+__all__ = ["build_decoder_graph", "pass_form", "rope_tables", "inverse_frequencies", "COMPUTE_TYPES"]
 
 MS_DOMAIN = "com.microsoft"
 """onnxruntime's contrib domain: ``MatMulNBits`` of the q4 export (an onnxruntime-only graph)."""
@@ -132,19 +146,26 @@ COMPUTE_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16":
 """The ONNX type of the decoder's weights, matmuls and KV cache, by precision."""
 
 
-def rope_tables(cfg: LlamaConfig, length: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(cfg: LlamaConfig, length: int, theta: float | None = None, factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(cos, sin_signed)`` float64 ``[length, head_dim]`` for interleaved pairs.
 
     ``cos[p, 2i] = cos[p, 2i+1] = cos(p * w_i)``, ``sin_signed[p, 2i] = -sin(p * w_i)``,
-    ``sin_signed[p, 2i+1] = +sin(p * w_i)``, ``w_i = theta ** (-2i / head_dim)``.
+    ``sin_signed[p, 2i+1] = +sin(p * w_i)``, ``w_i = theta ** (-2i / head_dim) / factors[i]``
+    (``theta`` default ``cfg.rope_theta``; ``factors``: Llama 3's rope divisors, default 1).
     """
-    half = cfg.head_dim // 2
-    inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.head_dim)
+    inv_freq = inverse_frequencies(cfg, theta, factors)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
     cos = np.repeat(np.cos(angles), 2, axis=1)
     sin = np.sin(angles)
     sin_signed = np.stack([-sin, sin], axis=-1).reshape(length, cfg.head_dim)
     return cos, sin_signed
+
+
+def inverse_frequencies(cfg: LlamaConfig, theta: float | None = None, factors: np.ndarray | None = None) -> np.ndarray:
+    """float64 ``[head_dim / 2]``: ``theta ** (-2i / head_dim) / factors[i]``."""
+    half = cfg.head_dim // 2
+    inv_freq = (theta or cfg.rope_theta) ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.head_dim)
+    return inv_freq if factors is None else inv_freq / np.asarray(factors, np.float64)
 
 
 def build_decoder_graph(
@@ -156,6 +177,7 @@ def build_decoder_graph(
     cache_inputs: str = "slots",
     weight_dtype: str = "float32",
     precision: str = "fp32",
+    external_data: str | os.PathLike | None = None,
 ) -> onnx.ModelProto:
     """The decoder graph (see the module docstring for inputs and outputs).
 
@@ -172,11 +194,18 @@ def build_decoder_graph(
 
     ``precision`` (:data:`~sf_trt.formats.model_dir.PRECISIONS`) is the compute type of
     the weights, matmuls and KV cache (module docstring, *Precision*).
+
+    ``external_data``: a file each weight is appended to as the graph is built (ONNX external
+    data, located by the file's name beside the graph): with weights that load lazily
+    (:class:`~sf_trt.export.gguf_llama.LazyArray`), a build holds about one tensor at a time,
+    not the model. The graph must then be saved into that file's directory.
     """
     _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision)
     if cache_inputs == "pass":  # the slots form, its lanes' caches taken directly (pass_form)
-        return pass_form(build_decoder_graph(cfg, weights, max_lanes, max_context, weight_dtype=weight_dtype, precision=precision))
-    d = _Decoder(GraphBuilder(), cfg, weight_dtype, cache_inputs, precision)
+        return pass_form(build_decoder_graph(
+            cfg, weights, max_lanes, max_context, weight_dtype=weight_dtype, precision=precision, external_data=external_data,
+        ))
+    d = _Decoder(GraphBuilder(external_data), cfg, weight_dtype, cache_inputs, precision)
     d.weights = weights
     x = d.pass_inputs(weights, max_context)
     new_kv: list[str] = []
@@ -246,6 +275,7 @@ class _Decoder:
 
     def __init__(self, g: GraphBuilder, cfg: LlamaConfig, weight_dtype: str, cache_inputs: str, precision: str) -> None:
         self.g, self.cfg, self.weight_dtype, self.cache_inputs = g, cfg, weight_dtype, cache_inputs
+        self.fam = family(cfg.arch)  # the declared differences from llama (sf_trt.export.families)
         self.ct = COMPUTE_TYPES[precision]  # the compute type C
         self.np_ct = helper.tensor_dtype_to_np_dtype(self.ct)
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -290,14 +320,32 @@ class _Decoder:
         g.init(scale, f"{name}.scale")
         return self.to_compute(g.op("DequantizeLinear", [f"{name}.q", f"{name}.scale"], f"{name}_dq", axis=1), f"{name}_dq")
 
-    def linear(self, x: str, name: str, layer: LlamaLayerWeights, i: int, fields: tuple[str, ...], residual: str | None = None) -> str:
-        """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul), plus
+    def linear(
+        self, x: str, name: str, layer: LlamaLayerWeights, i: int, fields: tuple[str, ...], residual: str | None = None,
+        post_norm: str | None = None,
+    ) -> str:
+        """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul), plus their
+        biases where the layer has any, RMSNorm'd by ``post_norm`` (a float32 weight) when given, plus
         ``residual`` (the float32 stream) when given."""
-        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else getattr(layer, fields[0])
+        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else np.asarray(getattr(layer, fields[0]))
+        bias = _bias(layer, fields)
+        plain = bias is None and post_norm is None
         if self.weight_dtype == "q4":
-            return self.nbits(x, name, blocks_for(self.weights, [f"layers.{i}.{f}" for f in fields], w, Q4_LAYER_KIND), residual)
-        y = self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
-        return y if residual is None else self.g.op("Add", [residual, self.to_f32(y, f"{name}_mm")], f"{name}_resid")
+            blocks = blocks_for(self.weights, [f"layers.{i}.{f}" for f in fields], w, Q4_LAYER_KIND)
+            y = self.nbits(x, name, blocks, residual if plain else None)
+            if plain:
+                return y
+        else:
+            y = self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
+            if plain:
+                return y if residual is None else self.g.op("Add", [residual, self.to_f32(y, f"{name}_mm")], f"{name}_resid")
+        if bias is not None:
+            y = self.g.op("Add", [y, self.weight(bias, f"{name}.bias")], f"{name}_biased")
+        if post_norm is not None:
+            y = self.rms_norm(self.to_f32(y, f"{name}_out"), post_norm, f"{name}_post_norm", cast=False)
+        elif residual is not None:
+            y = self.to_f32(y, f"{name}_out")
+        return y if residual is None else self.g.op("Add", [residual, y], f"{name}_resid")
 
     def nbits(self, x: str, name: str, blocks, residual: str | None = None) -> str:
         """``x @ W.T`` (``+ residual``) for a matrix in GGML blocks, as onnxruntime's ``MatMulNBits``.
@@ -324,13 +372,27 @@ class _Decoder:
         off = g.op("MatMul", [sums, g.init(offsets, f"{name}.offset")], f"{name}_offsets")
         return g.op("Sum", [y, off] + ([residual] if residual is not None else []), f"{name}_q41")
 
-    def rms_norm(self, x: str, weight: str, stem: str) -> str:
-        """RMSNorm of the float32 rows ``x``, in float32, cast to the compute type after its weight."""
+    def rms_norm(self, x: str, weight: str, stem: str, cast: bool = True) -> str:
+        """RMSNorm of the float32 rows ``x`` over the last axis, in float32, cast to the compute type
+        after its weight (kept float32 when not ``cast``)."""
         # Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul: the pattern onnxruntime fuses.
         g = self.g
         ms = g.op("ReduceMean", [g.op("Pow", [x, self.two], f"{stem}_sq")], f"{stem}_ms", axes=[-1], keepdims=1)
         rms = g.op("Sqrt", [g.op("Add", [ms, self.eps], f"{stem}_mseps")], f"{stem}_rms")
-        return self.to_compute(g.op("Mul", [g.op("Div", [x, rms], f"{stem}_normed"), weight], stem), stem)
+        y = g.op("Mul", [g.op("Div", [x, rms], f"{stem}_normed"), weight], stem if cast else f"{stem}_f32")
+        return self.to_compute(y, stem) if cast else y
+
+    def activation(self, x: str, stem: str) -> str:
+        """The family's activation of the gate rows ``x`` (compute type)."""
+        g = self.g
+        if self.fam.activation == "silu":
+            return g.op("Mul", [x, g.op("Sigmoid", [x], f"{stem}_sig")], f"{stem}_silu")
+        # GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        c = {k: g.init(np.asarray(v, self.np_ct)) for k, v in (("c", np.sqrt(2.0 / np.pi)), ("k", 0.044715), ("half", 0.5), ("one", 1.0))}
+        cube = g.op("Mul", [g.op("Mul", [x, x], f"{stem}_x2"), x], f"{stem}_x3")
+        inner = g.op("Mul", [g.op("Add", [x, g.op("Mul", [cube, c["k"]], f"{stem}_kx3")], f"{stem}_poly"), c["c"]], f"{stem}_inner")
+        t = g.op("Add", [g.op("Tanh", [inner], f"{stem}_tanh"), c["one"]], f"{stem}_1t")
+        return g.op("Mul", [g.op("Mul", [x, c["half"]], f"{stem}_halfx"), t], f"{stem}_gelu")
 
     def embedding(self, weights: LlamaWeights) -> str:
         """The pass's rows of the token embedding, float32 ``[B, T, H]``. With q4 weights the
@@ -339,7 +401,7 @@ class _Decoder:
         g = self.g
         if self.weight_dtype != "q4":
             self.weight(weights.tok_embd, "tok_embd")
-            return self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed")
+            return self.scaled(self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed"))
         blocks = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND)
         b, scales, _ = blocks.nbits()  # [V, nb, 32] uint8, [V * nb]
         nb = b.shape[1]
@@ -348,13 +410,29 @@ class _Decoder:
         q = g.op("Cast", [g.op("Gather", ["tok_embd.q8", "input_ids"], "embed_q", axis=0)], "embed_qf", to=TensorProto.FLOAT)  # [B, T, nb, 32]
         d = g.op("Gather", [g.op("Reshape", ["tok_embd.scale", g.i64([-1, nb, 1])], "embed_scales"), "input_ids"], "embed_d", axis=0)  # [B, T, nb, 1]
         rows = g.op("Mul", [g.op("Sub", [q, g.f32(128.0)], "embed_centred"), d], "embed_blocks")
-        return g.op("Reshape", [rows, g.i64([0, 0, self.cfg.hidden])], "embed")
+        return self.scaled(g.op("Reshape", [rows, g.i64([0, 0, self.cfg.hidden])], "embed"))
 
-    def rope(self, x: str, stem: str) -> str:
-        """x [B, T, heads, hd] rotated pairwise by position (cos/sin [B, T, heads, hd])."""
+    def scaled(self, x: str) -> str:
+        """The float32 embedding rows, times ``sqrt(hidden)`` in a family that scales them (Gemma)."""
+        if not self.fam.embed_scale:
+            return x
+        return self.g.op("Mul", [x, self.g.f32(float(np.float32(np.sqrt(self.cfg.hidden))), "embed_scale")], "embed_scaled")
+
+    def rope(self, x: str, stem: str, local: bool = False) -> str:
+        """x [B, T, heads, hd] rotated pairwise by position (cos/sin [B, T, heads, hd]); ``local``: with
+        the sliding layers' own table."""
         g = self.g
+        cos, sin = self.local_rope if local and self.local_rope else (self.cos, self.sin)
         swapped = g.op("Gather", [x, self.swap], f"{stem}_swap", axis=3)
-        return g.op("Add", [g.op("Mul", [x, self.cos], f"{stem}_c"), g.op("Mul", [swapped, self.sin], f"{stem}_s")], stem)
+        return g.op("Add", [g.op("Mul", [x, cos], f"{stem}_c"), g.op("Mul", [swapped, sin], f"{stem}_s")], stem)
+
+    def head_norm(self, qk: str, layer: LlamaLayerWeights, p: str) -> str:
+        """Per-head RMSNorm of the q and k heads ``qk`` [B, T, nh + nkv, hd] (compute type), before the
+        rotation: in float32, each head by its own weight row."""
+        cfg = self.cfg
+        w = np.concatenate([np.tile(layer.q_norm, (cfg.n_heads, 1)), np.tile(layer.k_norm, (cfg.n_kv_heads, 1))])
+        self.g.init(np.ascontiguousarray(w, np.float32), f"{p}.qk_norm")
+        return self.rms_norm(self.to_f32(qk, f"{p}_qk4"), f"{p}.qk_norm", f"{p}_qk_norm")
 
     def pass_inputs(self, weights: LlamaWeights, max_context: int | None) -> str:
         """What every layer shares: embeddings, rotary rows, the mask, scatter indices.
@@ -362,19 +440,27 @@ class _Decoder:
         g, cfg = self.g, self.cfg
         nh, nkv, hd, grp = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group
         table_len = (cfg.context_length if max_context is None else max_context) + 1
-        cos_tab, sin_tab = rope_tables(cfg, table_len)
-        self.weight(cos_tab, "rope_cos")
-        self.weight(sin_tab, "rope_sin")
+        tables = {"rope": rope_tables(cfg, table_len, factors=weights.rope_factors)}
+        if cfg.sliding_layers and cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta:
+            tables["rope_local"] = rope_tables(cfg, table_len, theta=cfg.rope_local_theta)
+        for stem, (cos_tab, sin_tab) in tables.items():
+            self.weight(cos_tab, f"{stem}_cos")
+            self.weight(sin_tab, f"{stem}_sin")
         neg_inf = g.f32(-np.inf, "neg_inf")
         zero, one = g.i64(0, "zero"), g.i64(1, "one")
         self.ax2 = ax2 = g.i64([2], "axis2")
         x = self.embedding(weights)  # [B, T, H] float32
         # rotary rows for q and k heads at once, the attention scale folded into q's
-        head_scale = self.weight(np.r_[np.full(nh, 1.0 / np.sqrt(hd)), np.ones(nkv)].reshape(nh + nkv, 1), "head_scale")
-        self.cos, self.sin = (
-            g.op("Mul", [g.op("Unsqueeze", [g.op("Gather", [f"rope_{f}", "positions"], f"{f}_rows", axis=0), ax2], f"{f}_1"), head_scale], f)
-            for f in ("cos", "sin")
-        )
+        head_scale = self.weight(np.r_[np.full(nh, cfg.scale), np.ones(nkv)].reshape(nh + nkv, 1), "head_scale")
+        rows = {
+            stem: tuple(
+                g.op("Mul", [g.op("Unsqueeze", [g.op("Gather", [f"{stem}_{f}", "positions"], f"{stem}_{f}_rows", axis=0), ax2], f"{stem}_{f}_1"), head_scale], f"{stem}_{f}")
+                for f in ("cos", "sin")
+            )
+            for stem in tables
+        }
+        self.cos, self.sin = rows["rope"]
+        self.local_rope = rows.get("rope_local")
         self.ids_shape = g.op("Shape", ["input_ids"], "ids_shape")
         b_dim = g.op("Shape", ["input_ids"], "b_dim", start=0, end=1)  # [1]
         self.t_dim = t_dim = g.op("Shape", ["input_ids"], "t_dim", start=1, end=2)  # [1]
@@ -388,6 +474,9 @@ class _Decoder:
         pos_q = g.op("Tile", [pos_b1t1, g.i64([1, 1, self.rep * grp, 1], "tile_grp")], "pos_q")
         visible = g.op("LessOrEqual", [key_idx, pos_q], "visible")  # [B, 1, rep*grp*T, S]: key j iff j <= position
         self.mask = g.op("Where", [visible, g.f32(0.0, "zero_f"), neg_inf], "mask")  # added to the scores
+        if cfg.sliding_layers:  # and key j only iff j > position - window: the same cache, more -inf
+            in_window = g.op("Greater", [key_idx, g.op("Sub", [pos_q, g.i64(cfg.sliding_window, "window")], "window_start")], "in_window")
+            self.local_mask = g.op("Where", [in_window, self.mask, neg_inf], "local_mask")
         # ScatterND indices (b, kv head, position) of each new row's K/V: [B, T, nkv, 3]
         b_range = g.op("Range", [zero, g.op("Gather", [self.ids_shape, zero], "b_scalar", axis=0), one], "b_range")
         idx_shape = g.op("Concat", [b_dim, t_dim, g.i64([nkv], "nkv_dim"), g.i64([1], "one_dim")], "idx_shape", axis=0)
@@ -402,14 +491,18 @@ class _Decoder:
 
     def layer(self, i: int, layer: LlamaLayerWeights, x: str, new_kv: list[str]) -> str:
         """One decoder layer over the rows ``x`` ``[B, T, H]``; appends its K and V to ``new_kv``."""
-        g, shapes, p = self.g, self.shapes, f"l{i}"
-        g.init(layer.attn_norm, f"{p}.attn_norm")  # norm weights stay float32, as the norm does
-        g.init(layer.ffn_norm, f"{p}.ffn_norm")
+        g, shapes, p, local = self.g, self.shapes, f"l{i}", self.cfg.slides(i)
+        norms = [n for n in ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm") if getattr(layer, n) is not None]
+        for n in norms:  # norm weights stay float32, as the norm does
+            g.init(getattr(layer, n), f"{p}.{n}")
 
         h = self.rms_norm(x, f"{p}.attn_norm", f"{p}_attn_norm")
         qk, v = g.op("Split", [self.linear(h, f"{p}.w_qkv", layer, i, ("wq", "wk", "wv")), shapes["split_qk_v"]], f"{p}_split", n_out=2, axis=-1)
-        qk = self.rope(g.op("Reshape", [qk, shapes["qk"]], f"{p}_qk4"), f"{p}_qk_rot")  # [B, T, nh+nkv, hd]
-        q, k = g.op("Split", [qk, shapes["split_q_k"]], f"{p}_q_k", n_out=2, axis=2)  # q scaled by 1/sqrt(hd)
+        qk = g.op("Reshape", [qk, shapes["qk"]], f"{p}_qk4")  # [B, T, nh+nkv, hd]
+        if layer.q_norm is not None:
+            qk = self.head_norm(qk, layer, p)
+        qk = self.rope(qk, f"{p}_qk_rot", local)
+        q, k = g.op("Split", [qk, shapes["split_q_k"]], f"{p}_q_k", n_out=2, axis=2)  # q scaled by cfg.scale
         v = g.op("Reshape", [v, shapes["kv"]], f"{p}_v4")  # [B, T, nkv, hd]
         new_kv += [k, v]
         caches = []
@@ -424,16 +517,19 @@ class _Decoder:
             qg = g.op("Tile", [qg, self.tile_rep], f"{p}_q_rep")
         scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B,nkv,rep*grp*T,S]
         scores = self.to_f32(scores, f"{p}_scores")  # mask and softmax in float32
-        probs = g.op("Softmax", [g.op("Add", [scores, self.mask], f"{p}_masked")], f"{p}_probs", axis=-1)
+        mask = self.local_mask if local else self.mask
+        probs = g.op("Softmax", [g.op("Add", [scores, mask], f"{p}_masked")], f"{p}_probs", axis=-1)
         attn = g.op("MatMul", [self.to_compute(probs, f"{p}_probs"), v_all], f"{p}_attn")  # [B, nkv, rep*grp*T, hd]
         if self.rep > 1:
             attn = g.op("Slice", [attn, self.zero1, self.q_rows, self.ax2], f"{p}_attn_once")
         attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shapes["heads"]], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shapes["merge"]], f"{p}_attn_m")
-        x = self.linear(attn, f"{p}.w_o", layer, i, ("wo",), residual=x)  # float32 stream
+        post_attn = f"{p}.post_attn_norm" if layer.post_attn_norm is not None else None
+        x = self.linear(attn, f"{p}.w_o", layer, i, ("wo",), residual=x, post_norm=post_attn)  # float32 stream
         h = self.rms_norm(x, f"{p}.ffn_norm", f"{p}_ffn_norm")
         gate, up = g.op("Split", [self.linear(h, f"{p}.w_gate_up", layer, i, ("w_gate", "w_up")), shapes["split_gu"]], f"{p}_gu_split", n_out=2, axis=-1)
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}_sig")], f"{p}_silu"), up], f"{p}_act")
-        return self.linear(act, f"{p}.w_down", layer, i, ("w_down",), residual=x)
+        act = g.op("Mul", [self.activation(gate, p), up], f"{p}_act")
+        post_ffn = f"{p}.post_ffn_norm" if layer.post_ffn_norm is not None else None
+        return self.linear(act, f"{p}.w_down", layer, i, ("w_down",), residual=x, post_norm=post_ffn)
 
     def head(self, weights: LlamaWeights, x: str) -> None:
         """The logits of the wanted rows only: gathered *before* the final norm and the lm_head."""
@@ -468,6 +564,18 @@ class _Decoder:
         stacked = g.op("Concat", new_kv, "kv_cat", axis=2)
         kv_shape = g.op("Concat", [self.ids_shape, g.i64([cfg.n_layers, 2, cfg.n_kv_heads, cfg.head_dim], "kv_tail")], "kv_shape", axis=0)
         g.named("Transpose", [g.op("Reshape", [stacked, kv_shape], "kv6")], "new_kv", perm=[2, 3, 0, 1, 4, 5])
+
+
+_FIELD_BIAS = {m: b for b, m in BIAS_OF.items()}
+
+
+def _bias(layer: LlamaLayerWeights, fields: tuple[str, ...]) -> np.ndarray | None:
+    """The biases of the matrices ``fields`` stacked as they are (zeros for a matrix without one);
+    None when none of them has one."""
+    found = [getattr(layer, _FIELD_BIAS[f]) for f in fields]
+    if all(b is None for b in found):
+        return None
+    return np.concatenate([b if b is not None else np.zeros(getattr(layer, f).shape[0], np.float32) for b, f in zip(found, fields)])
 
 
 def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs, precision) -> tuple[list, list]:

@@ -1,6 +1,6 @@
 """GGUF to model directory: the export pipeline.
 
-:func:`export_model_dir` reads a Llama GGUF, builds the decoder graph (both
+:func:`export_model_dir` reads a GGUF or a Hugging Face checkpoint, builds the decoder graph (both
 forms), the verify-and-sample graph for its vocabulary and the tokenizer, and
 writes them as a model directory (:mod:`sf_trt.formats.model_dir`). Whichever
 command asks for it (``sf-trt export``, or ``sf-trt generate`` on first use),
@@ -15,6 +15,7 @@ process is removed by the next export to that place.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -34,11 +35,32 @@ from sf_trt.models import DEFAULT_MODEL, cache_lock, default_gguf_path, export_d
 # onnx and the graph builders are imported by the functions that build: finding an
 # exported model (default_model_dir's usual path) imports neither (docs/benchmarks.md:
 # onnx alone is ~20 MB of a generate's peak RSS)
-__all__ = ["default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "graph_facts", "OutDirError"]
+__all__ = [
+    "default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "check_weight_dtype", "read_source", "source_digest",
+    "graph_facts", "OutDirError", "ExportError",
+]
 
 
 class OutDirError(ModelDirError):
     """The place an export would go holds something an export did not write."""
+
+
+class ExportError(ModelDirError):
+    """A model whose export cannot be made as asked (``--weights q4`` on dimensions Q4_1 blocks do not divide)."""
+
+
+def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
+    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 keeps each matrix's
+    input dim in blocks of 32 (hidden, heads x head dim, ffn)."""
+    from .quantize import BLOCK
+
+    if weight_dtype != "q4":
+        return
+    dims = {"hidden": cfg.hidden, "heads x head_dim": cfg.n_heads * cfg.head_dim, "ffn": cfg.ffn}
+    bad = {k: v for k, v in dims.items() if v % BLOCK}
+    if bad:
+        shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise ExportError(f"--weights q4: {shown} not a multiple of {BLOCK}, so Q4_1 blocks cannot hold the matrices (use --weights int8 or float32)")
 
 
 def export_model_dir(
@@ -51,20 +73,21 @@ def export_model_dir(
     force: bool = False,
     gguf_sha256: str | None = None,
 ) -> Path:
-    """Write (or reuse) an onnxruntime/TensorRT-ready model directory for a GGUF.
+    """Write (or reuse) an onnxruntime/TensorRT-ready model directory for a GGUF file, or for a
+    Hugging Face checkpoint directory (:mod:`~sf_trt.export.hf_checkpoint`) when ``gguf_path``
+    is a directory.
 
-    A directory whose recorded GGUF digest, weight dtype, precision and format match and
+    A directory whose recorded source digest, weight dtype, precision and format match and
     whose files match their digests is reused as it is; another export (or a
     damaged one) there is replaced; a directory holding anything else is
     refused with :class:`OutDirError` unless ``force``. ``weight_dtype``:
-    ``"float32"`` (the GGUF's values exactly) or ``"int8"`` (see
+    ``"float32"`` (the source's values exactly) or ``"int8"`` (see
     :func:`~sf_trt.export.decoder_graph.build_decoder_graph`); ``precision``: the
     decoder's compute type (:data:`~sf_trt.formats.model_dir.PRECISIONS`).
-    ``gguf_sha256``: the GGUF's digest when the caller has checked it already.
+    ``gguf_sha256``: the source's digest when the caller has checked it already.
     Progress goes to stderr.
     """
     from .decoder_graph import build_decoder_graph  # the build side, imported when a build runs
-    from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
 
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"export_model_dir: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
@@ -73,12 +96,12 @@ def export_model_dir(
     out = Path(out_dir)
     say = _say if progress else (lambda msg: None)
     sweep_stale(out)  # what killed exports to this place left behind
-    digest = gguf_sha256 or sha256_file(gguf_path)
+    digest = gguf_sha256 or source_digest(gguf_path)
     try:
         found = ModelDir.open(out)
         if found.gguf_sha256 == digest and found.weights == weight_dtype and found.precision == precision:
             return out
-        reason = "it holds an export of another GGUF, weight dtype or precision"
+        reason = "it holds an export of another source, weight dtype or precision"
     except ModelDirError as exc:
         reason = str(exc)
     check_out_dir(out, force=force)
@@ -86,16 +109,43 @@ def export_model_dir(
         say(f"rebuilding {out}: {reason}")
     t0 = time.perf_counter()
     say(f"reading {gguf_path}")
-    reader = open_reader(gguf_path)
-    cfg, weights = load_gguf(reader, progress=progress)
-    tok = read_tokenizer(reader)
-    say(f"building the decoder graph ({cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
-    model = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision)
-    del weights
-    source = {"path": str(Path(gguf_path).resolve()), "sha256": digest, "name": model_name(reader)}
-    write_model_dir(out, cfg, model, tok, source, weight_dtype, force=force)
+    cfg, weights, tok, source = read_source(gguf_path)
+    check_weight_dtype(cfg, weight_dtype)
+    say(f"building the decoder graph ({cfg.arch}, {cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
+    def build(data_file: Path) -> Any:  # weights written as the graph is built (streamed from the source)
+        return build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision, external_data=data_file)
+
+    write_model_dir(out, cfg, build, tok, {**source, "sha256": digest}, weight_dtype, force=force)
     say(f"exported {out} in {time.perf_counter() - t0:.1f}s")
     return out
+
+
+def source_digest(path: str | os.PathLike) -> str:
+    """The sha256 of a GGUF file; of a checkpoint directory, the sha256 over its files' names and
+    digests (config, weights, tokenizer)."""
+    from .hf_checkpoint import TOKENIZER_FILES, hf_files, is_hf_dir
+
+    if not is_hf_dir(path):
+        return sha256_file(path)
+    d = Path(path)
+    names = ["config.json", *(p.name for p in hf_files(d)), "model.safetensors.index.json", *TOKENIZER_FILES]
+    listing = "".join(f"{n} {sha256_file(d / n)}\n" for n in dict.fromkeys(names) if (d / n).is_file())
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def read_source(path: str | os.PathLike) -> tuple[LlamaConfig, Any, Any, dict[str, Any]]:
+    """``(config, weights, tokenizer, source facts)`` of a GGUF file or a checkpoint directory; the
+    weights checked, their values read (dequantized) only when the graph takes them."""
+    from .hf_checkpoint import is_hf_dir, load_hf, read_hf_tokenizer
+
+    if is_hf_dir(path):
+        cfg, weights = load_hf(path, lazy=True)
+        return cfg, weights, read_hf_tokenizer(path, cfg), {"kind": "hf", "path": str(Path(path).resolve()), "name": Path(path).name}
+    from .gguf_llama import load_gguf, model_name, open_reader, read_tokenizer
+
+    reader = open_reader(path)
+    cfg, weights = load_gguf(reader, lazy=True)
+    return cfg, weights, read_tokenizer(reader), {"kind": "gguf", "path": str(Path(path).resolve()), "name": model_name(reader)}
 
 
 def check_out_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
@@ -164,7 +214,7 @@ def _say(msg: str) -> None:
 def write_model_dir(
     out_dir: str | os.PathLike,
     cfg: LlamaConfig,
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | Callable[[Path], onnx.ModelProto],
     tokenizer: Any = None,
     source: dict[str, Any] | None = None,
     weight_dtype: str = "float32",
@@ -177,6 +227,10 @@ def write_model_dir(
     the decoder's precision (its metadata) as ``config.json["precision"]``, and the
     sha256 of every file as ``config.json["sha256"]``.
 
+    ``model`` may be a function of the weight file's path that builds the graph writing its
+    weights there (``build_decoder_graph(..., external_data=path)``): the export then never
+    holds the graph's weights in memory.
+
     Written into a temporary directory beside ``out_dir`` and renamed into
     place, so an interrupted write never leaves a half-written model behind;
     ``out_dir`` as :func:`check_out_dir` allows.
@@ -187,13 +241,13 @@ def write_model_dir(
 
     from .decoder_graph import pass_form
 
-    if "lane_ids" not in {i.name for i in model.graph.input}:
-        raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
-    precision = graph_precision(model)
-
     def fill(tmp: Path) -> None:
+        graph = model(tmp / DATA_FILE) if callable(model) else model
+        if "lane_ids" not in {i.name for i in graph.graph.input}:
+            raise ValueError("write_model_dir: expected the slots form of the decoder graph (build_decoder_graph's default)")
+        precision = graph_precision(graph)
         onnx.save_model(
-            model, str(tmp / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
+            graph, str(tmp / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
             location=DATA_FILE, size_threshold=1024,
         )
         # the pass form references the same weight file (its initializers now point there)

@@ -1,4 +1,4 @@
-"""The decoder in numpy float64: what the exported graphs are checked against."""
+"""The decoder in numpy float64, every family (:mod:`.families`): what the exported graphs are checked against."""
 
 from __future__ import annotations
 
@@ -25,16 +25,25 @@ def reference_forward(
     the GGUF q/k rows need; ``"half"`` (HF's ``rotate_half``) is there to show the
     other one is wrong for them (and right after :func:`unpermute_rotary_rows`).
     """
+    from .decoder_graph import inverse_frequencies
+    from .families import family
+
+    fam = family(cfg.arch)
     tokens = np.asarray(tokens, dtype=np.int64)
     n = tokens.shape[0]
     pos = np.arange(n) if positions is None else np.asarray(positions, dtype=np.int64)
     nh, nkv, hd, grp = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.group
     half = hd // 2
-    inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2.0 / hd)
-    ang = pos[:, None].astype(np.float64) * inv_freq[None, :]  # [n, half]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
 
-    def rot(x: np.ndarray) -> np.ndarray:  # x [n, heads, hd]
+    def tables(theta=None, factors=None):
+        ang = pos[:, None].astype(np.float64) * inverse_frequencies(cfg, theta, factors)[None, :]  # [n, half]
+        return np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    rope_global = tables(factors=weights.rope_factors)
+    rope_local = tables(theta=cfg.rope_local_theta) if cfg.rope_local_theta else rope_global
+
+    def rot(x: np.ndarray, cs) -> np.ndarray:  # x [n, heads, hd]
+        c, s = cs
         if rope == "interleaved":
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
@@ -49,24 +58,39 @@ def reference_forward(
     def norm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_eps) * w.astype(np.float64)
 
-    def lin(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return x @ w.astype(np.float64).T
+    def lin(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        y = x @ w.astype(np.float64).T
+        return y if b is None else y + b.astype(np.float64)
+
+    def act(x: np.ndarray) -> np.ndarray:
+        if fam.activation == "silu":
+            return x / (1.0 + np.exp(-x))
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
     causal = pos[None, :] <= pos[:, None]  # [query, key]
+    window = causal & (pos[None, :] > pos[:, None] - cfg.sliding_window)
     x = weights.tok_embd[tokens].astype(np.float64)
-    for layer in weights.layers:
+    if fam.embed_scale:
+        x = x * float(np.float32(np.sqrt(cfg.hidden)))
+    for i, layer in enumerate(weights.layers):
+        local = cfg.slides(i)
+        cs = rope_local if local else rope_global
         h = norm(x, layer.attn_norm)
-        q = rot(lin(h, layer.wq).reshape(n, nh, hd))
-        k = rot(lin(h, layer.wk).reshape(n, nkv, hd))
-        v = lin(h, layer.wv).reshape(n, nkv, hd)
+        q = lin(h, layer.wq, layer.bq).reshape(n, nh, hd)
+        k = lin(h, layer.wk, layer.bk).reshape(n, nkv, hd)
+        if layer.q_norm is not None:
+            q, k = norm(q, layer.q_norm), norm(k, layer.k_norm)
+        q, k = rot(q, cs), rot(k, cs)
+        v = lin(h, layer.wv, layer.bv).reshape(n, nkv, hd)
         k, v = np.repeat(k, grp, axis=1), np.repeat(v, grp, axis=1)  # q head h uses kv head h // grp
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
-        scores = np.where(causal[None], scores, -np.inf)
+        scores = np.einsum("qhd,khd->hqk", q, k) * cfg.scale
+        scores = np.where((window if local else causal)[None], scores, -np.inf)
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         probs = scores / scores.sum(axis=-1, keepdims=True)
         attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, nh * hd)
-        x = x + lin(attn, layer.wo)
+        out = lin(attn, layer.wo, layer.bo)
+        x = x + (out if layer.post_attn_norm is None else norm(out, layer.post_attn_norm))
         h = norm(x, layer.ffn_norm)
-        gate = lin(h, layer.w_gate)
-        x = x + lin(gate / (1.0 + np.exp(-gate)) * lin(h, layer.w_up), layer.w_down)
+        out = lin(act(lin(h, layer.w_gate, layer.b_gate)) * lin(h, layer.w_up, layer.b_up), layer.w_down, layer.b_down)
+        x = x + (out if layer.post_ffn_norm is None else norm(out, layer.post_ffn_norm))
     return lin(norm(x, weights.output_norm), weights.output_matrix())

@@ -38,20 +38,28 @@ def _copy_model() -> onnx.ModelProto:
     return build_copy_graph(vocab=512, eos=511, max_lanes=4, max_context=128, copy_miss_every=3)
 
 
-def _decoder() -> onnx.ModelProto:
-    from .decoder_graph import build_decoder_graph
-    from .tiny import random_llama_weights, tiny_llama_config
+def _decoder(arch: str = "llama") -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        from .decoder_graph import build_decoder_graph
+        from .tiny import random_llama_weights, tiny_family_config
 
-    cfg = tiny_llama_config()
-    return build_decoder_graph(cfg, random_llama_weights(cfg, seed=0))  # symbolic caches, as an export writes them
+        cfg = tiny_family_config(arch)
+        weights = random_llama_weights(cfg, seed=0, biases=arch == "llama", rope_factors=arch == "llama")
+        return build_decoder_graph(cfg, weights)  # symbolic caches, as an export writes them
 
+    return build
+
+
+FAMILY_DECODERS = ("mistral", "qwen2", "qwen3", "gemma3", "phi3")
+"""The families whose decoders the registry holds beside llama's (``decoder_<family>``)."""
 
 GRAPHS: dict[str, Callable[[], onnx.ModelProto]] = {
     "verify": _verify,
     "logprobs": _logprobs,
     "adjust": _adjust,
     "copy_model": _copy_model,
-    "decoder": _decoder,
+    "decoder": _decoder(),
+    **{f"decoder_{arch}": _decoder(arch) for arch in FAMILY_DECODERS},
 }
 
 BUILDERS: dict[str, str] = {
@@ -60,5 +68,6 @@ BUILDERS: dict[str, str] = {
     "adjust": "sf_trt.graphs.adjust",
     "copy_model": "sf_trt.graphs.copy_model",
     "decoder": "sf_trt.export.decoder_graph",
+    **{f"decoder_{arch}": "sf_trt.export.decoder_graph" for arch in FAMILY_DECODERS},
 }
 """The module that builds each graph (where its op notes live)."""

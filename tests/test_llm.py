@@ -39,7 +39,7 @@ def llm(real_int8_model_dir):
 @pytest.mark.parametrize("call, status, message", [
     (lambda: sf_trt.LLM(max_num_seqs=0), Status.BAD_ARGUMENT, "LLM: max_num_seqs must be an int >= 1 (got 0)"),
     (lambda: sf_trt.LLM(speculate="eagle"), Status.BAD_ARGUMENT, "LLM: unknown drafter 'eagle' (known: none, prompt-lookup, suffix)"),
-    (lambda: ModelSpec(path="a", gguf="b.gguf"), Status.BAD_ARGUMENT, "ModelSpec: a model directory or a GGUF, not both (got a and b.gguf)"),
+    (lambda: ModelSpec(path="a", gguf="b.gguf"), Status.BAD_ARGUMENT, "ModelSpec: one of a model directory, a GGUF or a checkpoint, not more (got path a and gguf b.gguf)"),
     (lambda: ModelSpec(weights="int4"), Status.BAD_ARGUMENT, "ModelSpec: weights 'int4' unknown (known: float32, int8, q4)"),
     (lambda: sf_trt.BackendSpec(threads=0), Status.BAD_ARGUMENT, "BackendSpec: threads must be None or an int >= 1 (got 0)"),
     (lambda: _prompt_list([]), Status.BAD_ARGUMENT, "generate: prompts must be text, token ids or a non-empty list of either (got [])"),
@@ -157,3 +157,12 @@ def test_a_batch_through_llm_equals_the_same_requests_through_sf_trt_serve(llm):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_a_directory_of_safetensors_names_a_checkpoint_and_any_other_a_model_directory(tmp_path):
+    checkpoint, model_dir = tmp_path / "ckpt", tmp_path / "exported"
+    checkpoint.mkdir(), model_dir.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    assert ModelSpec.of(checkpoint) == ModelSpec(hf=checkpoint) and ModelSpec.of(checkpoint).name == "ckpt"
+    assert ModelSpec.of(model_dir) == ModelSpec(path=model_dir)
+    assert ModelSpec.of(tmp_path / "m.gguf") == ModelSpec(gguf=tmp_path / "m.gguf")

@@ -173,3 +173,23 @@ def test_no_text_is_fewer_tokens_than_its_bytes_over_the_longest_token(real_toke
         assert tok.max_token_bytes == max(len(tok.token_bytes(i)) for i in range(tok.vocab_size))
         for text in ("a" * 5000, " " * 3000, "\n" * 999, "<|im_start|>" * 50, FORGERY * 20, "Grüße 日本語 🙂 " * 100):
             assert len(tok.encode(text)) >= -(-len(text.encode()) // tok.max_token_bytes), text[:20]
+
+
+def test_a_sentencepiece_vocabulary_with_byte_fallback():
+    """GGUF ``tokenizer.ggml.model`` llama (Gemma, Llama 2, Mistral, Phi-3): pieces over ``▁``-for-space
+    text merged by score, bytes no piece covers as ``<0xNN>`` pieces, user-defined ``\\n`` matched first."""
+    from sf_trt.tokenizer import Tokenizer
+
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "t", "h", "e", "th", "he", "the", "\u2581the", "\n"]
+    types = [3, 3, 3] + [6] * 256 + [1] * 8 + [4]
+    scores = [0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0, -9.0, -6.0, -7.0, 0.0]
+    tok = Tokenizer.from_sentencepiece(pieces, scores, token_types=types, add_space_prefix=False, unk=0, bos=1, eos=2)  # Gemma's
+    the, space_the, nl = pieces.index("the"), pieces.index("\u2581the"), pieces.index("\n")
+    ids = tok.encode("the the\né")
+    assert ids == [the, space_the, nl, 3 + 0xC3, 3 + 0xA9]  # é: two byte pieces
+    assert tok.decode(ids) == "the the\né"
+    stream = tok.stream()
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == "the the\né"
+    assert tok.encode("</s>") == [2] and tok.decode([1, 2], skip_special=True) == ""
+    prefixed = Tokenizer.from_sentencepiece(pieces, scores, token_types=types, add_space_prefix=True, unk=0, bos=1, eos=2)  # Llama 2's
+    assert prefixed.encode("the the") == [space_the, space_the]

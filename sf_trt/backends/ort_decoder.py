@@ -116,6 +116,21 @@ def _bad(what: str) -> StatusError:
     return StatusError(Status.BAD_ARGUMENT, f"OrtDecoderPrimitives: {what}")
 
 
+def _check_graph_io(session, cfg, graph) -> None:
+    """The decoder graph's caches and logits against config.json (a config edited and re-hashed to
+    disagree with the graph is refused here, not by a failed run)."""
+    caches = [i for i in session.get_inputs() if i.name.startswith(("past_key_", "past_value_"))]
+    if len(caches) != 2 * cfg.n_layers:
+        raise _bad(f"{graph}: {len(caches)} cache inputs, config.json's {cfg.n_layers} layers need {2 * cfg.n_layers}; re-export the model")
+    for i in caches:
+        dims = list(i.shape)
+        if len(dims) != 4 or dims[1] != cfg.n_kv_heads or dims[3] != cfg.head_dim:
+            raise _bad(f"{graph}: cache input {i.name} is {dims}, config.json says [*, {cfg.n_kv_heads}, *, {cfg.head_dim}]; re-export the model")
+    logits = next((o for o in session.get_outputs() if o.name == OUTPUTS[0]), None)
+    if logits is None or len(logits.shape) != 2 or logits.shape[1] != cfg.vocab:
+        raise _bad(f"{graph}: logits {None if logits is None else list(logits.shape)}, config.json's vocabulary is {cfg.vocab}; re-export the model")
+
+
 class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     """The exported decoder in ``model_dir`` on onnxruntime.
 
@@ -192,10 +207,14 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         self.precision = model.precision
         self.cache_inputs = cache_inputs
         self.spinning = bool(spinning)
-        self._session = open_session(
-            model.graph_file(cache_inputs), threads=threads, optimization=optimization, providers=self.providers,
-            config=self._session_config(optimization),
-        )
+        graph = model.graph_file(cache_inputs)
+        config = self._session_config(optimization)
+        try:
+            self._session = open_session(graph, threads=threads, optimization=optimization, providers=self.providers, config=config)
+        except Exception as exc:  # onnxruntime's own errors (InvalidProtobuf, Fail, ...) on a damaged or crafted graph
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise _bad(f"{graph}: onnxruntime cannot load it ({type(exc).__name__}: {first}); re-export the model") from None
+        _check_graph_io(self._session, cfg, graph)
         graph_outputs = {o.name for o in self._session.get_outputs()}
         self._pass_outputs = set(PASS_OUTPUTS) <= graph_outputs  # the pass form's greedy tokens
         self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])

@@ -1,14 +1,11 @@
 """What model to open (:class:`ModelSpec`), and opening it once (:func:`resolve`).
 
 A model is one of: the default model (SmolLM2-135M-Instruct, fetched and exported
-into the cache on first use), a Llama-family GGUF (exported into the cache on first
-use, then reused), or a model directory written by ``sf-trt export`` (its files
-checked against their digests). The command line, the server, Ray replicas,
-``sf_trt.LLM`` and the tools all open a model this way.
-
-A Hugging Face checkpoint directory is the next source: it takes a field here
-(``hf``) and one branch in :func:`resolve` that exports it into the cache as the
-GGUF branch does.
+into the cache on first use), a GGUF or a Hugging Face checkpoint directory of a
+supported family (docs/models.md; exported into the cache on first use, then reused),
+or a model directory written by ``sf-trt export`` (its files checked against their
+digests). The command line, the server, Ray replicas, ``sf_trt.LLM`` and the tools all
+open a model this way.
 """
 
 from __future__ import annotations
@@ -32,30 +29,33 @@ CONTEXT_STEP = 256
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """What model to open: ``path`` (a model directory), ``gguf`` (a GGUF file), or
-    neither (the default model); ``weights``: the weight dtype a GGUF or the default
-    model is exported with (:data:`~sf_trt.formats.model_dir.WEIGHT_DTYPES`; a model
+    """What model to open: ``path`` (a model directory), ``gguf`` (a GGUF file), ``hf`` (a
+    Hugging Face checkpoint directory), or none of them (the default model); ``weights``:
+    the weight dtype a GGUF, a checkpoint or the default model is exported with (:data:`~sf_trt.formats.model_dir.WEIGHT_DTYPES`; a model
     directory has its own). Refusals are StatusError ``BAD_ARGUMENT``."""
 
     path: Optional[Path] = None
     gguf: Optional[Path] = None
+    hf: Optional[Path] = None
     weights: str = DEFAULT_WEIGHTS
 
     def __post_init__(self) -> None:
-        for name in ("path", "gguf"):
+        for name in ("path", "gguf", "hf"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: {name} must be a path (got {type(value).__name__})")
             if value is not None:
                 object.__setattr__(self, name, Path(value).expanduser())
-        if self.path is not None and self.gguf is not None:
-            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: a model directory or a GGUF, not both (got {self.path} and {self.gguf})")
+        given = [f"{name} {getattr(self, name)}" for name in ("path", "gguf", "hf") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: one of a model directory, a GGUF or a checkpoint, not more (got {' and '.join(given)})")
         if self.weights not in WEIGHT_DTYPES:
             raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: weights {self.weights!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
 
     @classmethod
     def of(cls, model: Union[str, os.PathLike, "ModelSpec", None], *, weights: str = DEFAULT_WEIGHTS) -> "ModelSpec":
         """The spec ``model`` names: a spec as it is, None for the default model, a
+        directory holding ``*.safetensors`` for a Hugging Face checkpoint, another
         directory for a model directory, anything else for a GGUF file."""
         if isinstance(model, ModelSpec):
             return model
@@ -64,13 +64,19 @@ class ModelSpec:
         if not isinstance(model, (str, os.PathLike)):
             raise StatusError(Status.BAD_ARGUMENT, f"model must be a path, a ModelSpec or None (got {type(model).__name__})")
         path = Path(model).expanduser()
-        return cls(path=path, weights=weights) if path.is_dir() else cls(gguf=path, weights=weights)
+        if path.is_dir():
+            is_checkpoint = next(path.glob("*.safetensors"), None) is not None
+            return cls(hf=path, weights=weights) if is_checkpoint else cls(path=path, weights=weights)
+        return cls(gguf=path, weights=weights)
 
     @property
     def name(self) -> str:
-        """The model's name: the directory's, the GGUF's without ``.gguf``, or the default model's."""
+        """The model's name: the directory's, the GGUF's without ``.gguf``, the checkpoint
+        directory's, or the default model's."""
         if self.path is not None:
             return self.path.name
+        if self.hf is not None:
+            return self.hf.resolve().name
         if self.gguf is not None:
             return self.gguf.name.removesuffix(".gguf")
         from .. import models
@@ -98,8 +104,8 @@ class OpenedModel:
 
 def resolve(spec: ModelSpec, *, progress: bool = False) -> OpenedModel:
     """Open the model ``spec`` names: a model directory as it is (its files checked
-    against their digests), a GGUF or the default model exported into the cache on
-    first use (``progress`` on stderr; the cache checked writable before anything is
+    against their digests), a GGUF, a checkpoint or the default model exported into the
+    cache on first use (``progress`` on stderr; the cache checked writable before anything is
     fetched or built). Raises ModelError, ModelDirError, GGUFError or TokenizerError
     with a one-line message naming the path and what was expected."""
     from .. import models
@@ -108,10 +114,10 @@ def resolve(spec: ModelSpec, *, progress: bool = False) -> OpenedModel:
     if spec.path is not None:
         model_dir = ModelDir.open(spec.path)
     else:
-        if spec.gguf is not None:
-            gguf = models.check_gguf(spec.gguf)
+        source = models.check_source(gguf=spec.gguf, hf=spec.hf)
+        if source is not None:
             with models.cache_lock():  # processes sharing the cache export it once
-                path = export_model_dir(gguf, models.export_dir(gguf, spec.weights), progress=progress, weight_dtype=spec.weights)
+                path = export_model_dir(source, models.export_dir(source, spec.weights), progress=progress, weight_dtype=spec.weights)
         else:
             path = default_model_dir(progress=progress, weight_dtype=spec.weights)
         model_dir = ModelDir.open(path, verify=False)  # checked (or written) just now

@@ -50,11 +50,12 @@ __all__ = [
     "ModelDirError",
 ]
 
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 """Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always
 there; 6: digests of every file, or the exact hash, on two branches; 7: both; 8: the decoder's
 precision, its dim ``rows_per_lane``; 9: the pass form reads keys up to the pass's extent, q4 weights;
-10: 9 and verify.onnx's ``min_p`` input, from two branches)."""
+10: 9 and verify.onnx's ``min_p`` input, from two branches; 11: the config's family (``arch``), sliding
+windows, local rope base and query scale; ``"gguf"`` (the source) records its ``kind``, gguf or hf)."""
 CONFIG_FILE = "config.json"
 GRAPH_FILE = "decoder.onnx"
 PASS_GRAPH_FILE = "decoder_pass.onnx"
@@ -119,6 +120,16 @@ class LlamaConfig:
     tied_embeddings: bool
     bos: int
     eos: int
+    arch: str = "llama"
+    """The family (``sf_trt.export.families``): the graph builder reads its declared differences."""
+    sliding_window: int = 0
+    """Keys a sliding layer's row at position ``p`` sees: ``p - sliding_window < j <= p`` (0: none)."""
+    sliding_layers: tuple[int, ...] = ()
+    """The layers that slide (the others attend to every key up to their position)."""
+    rope_local_theta: float = 0.0
+    """The rope base of the sliding layers (0: ``rope_theta``, and no table of their own)."""
+    query_scale: float = 0.0
+    """What q is multiplied by before ``q k^T`` (0: ``1 / sqrt(head_dim)``)."""
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab", "context_length"):
@@ -140,6 +151,23 @@ class LlamaConfig:
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "rms_eps", float(self.rms_eps))
         object.__setattr__(self, "tied_embeddings", bool(self.tied_embeddings))
+        if not isinstance(self.arch, str) or not self.arch:
+            raise ValueError(f"LlamaConfig: arch must be a family name (got {self.arch!r})")
+        window = self.sliding_window
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
+            raise ValueError(f"LlamaConfig: sliding_window must be an int >= 0 (got {window!r})")
+        object.__setattr__(self, "sliding_window", int(window))
+        layers = tuple(self.sliding_layers)
+        if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.n_layers for i in layers):
+            raise ValueError(f"LlamaConfig: sliding_layers must be layer indices in 0..{self.n_layers - 1} (got {list(layers)})")
+        if layers and not self.sliding_window:
+            raise ValueError("LlamaConfig: sliding_layers given without a sliding_window")
+        object.__setattr__(self, "sliding_layers", tuple(sorted({int(i) for i in layers})))
+        for name in ("rope_local_theta", "query_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not np.isfinite(value) or value < 0:
+                raise ValueError(f"LlamaConfig: {name} must be a number >= 0 (got {value!r})")
+            object.__setattr__(self, name, float(value))
         for name in ("bos", "eos"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -154,18 +182,31 @@ class LlamaConfig:
         """Query heads per KV head."""
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def scale(self) -> float:
+        """What q is multiplied by before ``q k^T``."""
+        return self.query_scale or 1.0 / float(np.sqrt(self.head_dim))
+
+    def slides(self, layer: int) -> bool:
+        return layer in self.sliding_layers
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["sliding_layers"] = list(self.sliding_layers)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
         if not isinstance(d, dict):
             raise ValueError(f"LlamaConfig.from_dict: expected an object, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = names - set(d)
+        fields = dataclasses.fields(cls)
+        names = {f.name for f in fields}
+        missing = {f.name for f in fields if f.default is dataclasses.MISSING} - set(d)
         if missing:
             raise ValueError(f"LlamaConfig.from_dict: missing {sorted(missing)}")
-        return cls(**{k: d[k] for k in names})
+        if not isinstance(d.get("sliding_layers", []), (list, tuple)):
+            raise ValueError(f"LlamaConfig.from_dict: sliding_layers must be a list (got {d['sliding_layers']!r})")
+        return cls(**{k: d[k] for k in names if k in d})
 
 
 
@@ -191,6 +232,8 @@ class ModelDir:
             raise ModelDirError(f"{d}: no {CONFIG_FILE} (expected a model directory written by `sf-trt export`)")
         meta = _read_config(cfg_path)
         for name in meta["files"]:
+            if (d / name).is_symlink():  # its digest would be of a file outside: not the directory's own
+                raise ModelDirError(f"{d}: {name} is a symbolic link to {os.readlink(d / name)}; a model directory's files are its own (re-export the model)")
             if not (d / name).is_file():
                 raise ModelDirError(f"{d}: {name} is missing (the export is incomplete; re-export the model)")
         try:

@@ -12,6 +12,8 @@ decoder) is written with :class:`GraphBuilder` and finished by
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -36,12 +38,17 @@ class GraphBuilder:
     (a graph output, say).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, external: str | os.PathLike | None = None, threshold: int = 1024) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
         self._consts: dict[tuple, str] = {}
         self._names: set[str] = set()
+        self.external = None if external is None else Path(external)
+        """Where initializers of ``threshold`` bytes or more are written as they are added (ONNX
+        external data, the file's name as their location): a graph's weights are then never all
+        in memory at once. None: every initializer stays in the graph."""
+        self.threshold = threshold
 
     def fresh(self, stem: str) -> str:
         self._n += 1
@@ -57,8 +64,23 @@ class GraphBuilder:
         if name in self._names:
             raise ValueError(f"GraphBuilder.init: {name!r} is already a tensor of this graph")
         self._names.add(name)
-        self.inits.append(numpy_helper.from_array(arr, name))
+        if self.external is not None and arr.nbytes >= self.threshold:
+            self.inits.append(self._written(arr, name))
+        else:
+            self.inits.append(numpy_helper.from_array(arr, name))
         return name
+
+    def _written(self, arr: np.ndarray, name: str) -> onnx.TensorProto:
+        """``arr`` appended to :attr:`external`, as a tensor that refers to its bytes there."""
+        tensor = onnx.TensorProto(name=name, dims=arr.shape, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+        with open(self.external, "ab") as f:
+            offset = f.tell()
+            f.write(memoryview(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))).cast("B"))  # no copy of the bytes
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.external.name), ("offset", str(offset)), ("length", str(arr.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        return tensor
 
     def i64(self, value: Any, name: str | None = None) -> str:
         return self.init(np.asarray(value, dtype=np.int64), name)

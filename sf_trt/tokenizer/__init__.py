@@ -1,9 +1,9 @@
-"""The tokenizers: the model's byte-level BPE (:class:`Tokenizer`, with the
+"""The tokenizers: the model's BPE, byte-level or sentencepiece's (:class:`Tokenizer`, with the
 ``tokenizers`` library) and the fake backend's bytes (:class:`ByteTokenizer`).
 
 By concern: :mod:`.base` (the error, the incremental :class:`StreamDecoder`, the
 messages' check), :mod:`.byte_level` (a GGUF's byte-level BPE vocabulary built into
-a ``tokenizers`` tokenizer), :mod:`.chat_template` (the sandbox chat templates
+a ``tokenizers`` tokenizer), :mod:`.sentencepiece` (a GGUF's sentencepiece vocabulary, likewise), :mod:`.chat_template` (the sandbox chat templates
 render in), :mod:`.bpe` (:class:`Tokenizer`: load, save, encode, decode, chat) and
 :mod:`.byte` (:class:`ByteTokenizer`).
 """

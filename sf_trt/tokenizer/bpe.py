@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 
 from .base import StreamDecoder, TokenizerError, check_messages
 from .byte_level import byte_alphabet, hf_from_vocab
+from .sentencepiece import SPACE, hf_from_sentencepiece
 from .chat_template import TEMPLATE_DEADLINE_S, TemplateTimeout, compile_template, render_bounded
 
 __all__ = ["Tokenizer", "TOKENIZER_FILE", "CONFIG_FILE", "TEMPLATE_FILE"]
@@ -39,8 +40,33 @@ CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
 
 
+_ALPHABET = {ch: b for b, ch in byte_alphabet().items()}
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _is_byte_level(hf: Any) -> bool:
+    """Whether the tokenizer's pieces are byte-level (GPT-2's alphabet), not sentencepiece's."""
+    from tokenizers import decoders
+
+    return hf.decoder is None or isinstance(hf.decoder, decoders.ByteLevel)
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    try:
+        return bytes(_ALPHABET[ch] for ch in piece)
+    except KeyError:  # not a byte-level piece: keep its text
+        return piece.encode("utf-8")
+
+
+def _sentencepiece_bytes(piece: str) -> bytes:
+    """A sentencepiece piece's bytes: ``<0x0A>`` is that byte, ``▁`` a space."""
+    m = _BYTE_PIECE.fullmatch(piece)
+    return bytes([int(m.group(1), 16)]) if m else piece.replace(SPACE, " ").encode("utf-8")
+
+
 class Tokenizer:
-    """Byte-level BPE tokenizer with the model's special tokens and chat template.
+    """The model's BPE tokenizer (byte-level, or sentencepiece's with byte fallback) with its
+    special tokens and chat template.
 
     ``encode(text) -> list[int]`` (special tokens written in ``text`` become their
     ids; no BOS is added: SmolLM2's GGUF says ``add_bos_token = False``),
@@ -54,25 +80,16 @@ class Tokenizer:
         self.eos = int(eos)
         self.chat_template = chat_template
         self.vocab_size = int(hf.get_vocab_size(with_added_tokens=True))
-        alphabet = {ch: b for b, ch in byte_alphabet().items()}
         added = hf.get_added_tokens_decoder()  # id -> AddedToken
         self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
-        token_bytes: list[bytes] = []
-        for i in range(self.vocab_size):
-            piece = hf.id_to_token(i)
-            if piece is None:
-                token_bytes.append(b"")
-            elif i in added:
-                token_bytes.append(piece.encode("utf-8"))
-            else:
-                try:
-                    token_bytes.append(bytes(alphabet[ch] for ch in piece))
-                except KeyError:  # not a byte-level piece: keep its text
-                    token_bytes.append(piece.encode("utf-8"))
-        self._token_bytes = token_bytes
-        # A text of N UTF-8 bytes is at least N / max_token_bytes tokens (byte-level BPE: the
-        # tokens' bytes are the text's); None when a normalizer may rewrite the text first.
-        self.max_token_bytes: int | None = max(map(len, token_bytes), default=1) if hf.normalizer is None else None
+        piece_bytes = _byte_level_bytes if _is_byte_level(hf) else _sentencepiece_bytes
+        self._token_bytes = [
+            b"" if (piece := hf.id_to_token(i)) is None else piece.encode("utf-8") if i in added else piece_bytes(piece)
+            for i in range(self.vocab_size)
+        ]
+        # A text of N UTF-8 bytes is at least N / max_token_bytes tokens (the tokens' bytes are
+        # the text's); None when a normalizer may rewrite the text first.
+        self.max_token_bytes: int | None = max(map(len, self._token_bytes), default=1) if hf.normalizer is None else None
         self._compiled_template = None
         self._template_failure: str | None = None
         self._special_table: dict[str, int] | None = None
@@ -98,6 +115,27 @@ class Tokenizer:
         tokens become added tokens) and pre-tokenizer name (``tokenizer.ggml.pre``).
         ``sf_trt.export.gguf_llama.read_tokenizer`` reads these from a GGUF."""
         hf = hf_from_vocab(tokens, merges, token_types=token_types, pre=pre, bos=bos, eos=eos)
+        return cls(hf, bos=int(bos), eos=int(eos), chat_template=chat_template)
+
+    @classmethod
+    def from_sentencepiece(
+        cls,
+        tokens: Sequence[str],
+        scores: Sequence[float],
+        *,
+        token_types: Sequence[int] | None = None,
+        add_space_prefix: bool = True,
+        unk: int | None = None,
+        bos: int,
+        eos: int,
+        chat_template: str | None = None,
+    ) -> "Tokenizer":
+        """A sentencepiece tokenizer (GGUF ``tokenizer.ggml.model`` ``llama``) from its pieces, scores
+        and token types (:mod:`.sentencepiece`). No BOS is added by :meth:`encode`: a chat
+        template writes ``bos_token`` itself."""
+        if not (0 <= int(bos) < len(tokens) and 0 <= int(eos) < len(tokens)):
+            raise TokenizerError(f"bos/eos {bos}/{eos} outside the vocabulary of {len(tokens)}")
+        hf = hf_from_sentencepiece(tokens, scores, token_types=token_types, add_space_prefix=add_space_prefix, unk=unk)
         return cls(hf, bos=int(bos), eos=int(eos), chat_template=chat_template)
 
     def save(self, directory: str | os.PathLike) -> None:

@@ -82,8 +82,22 @@ def compile_template(source: str):
     def raise_exception(message: str):
         raise TokenizerError(f"chat template: {message}")
 
-    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+    def strftime_now(fmt: str) -> str:
+        import datetime
+
+        return datetime.datetime.now().strftime(fmt)
+
+    def tojson(value: Any, indent: int | None = None, separators=None, sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+        import json
+
+        return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+    # what transformers' apply_chat_template gives a template: loop controls ({% break %},
+    # {% continue %}), raise_exception, strftime_now, and a tojson that leaves text unescaped
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.filters["tojson"] = tojson
     try:
         return env.from_string(source)
     except jinja2.TemplateError as exc:

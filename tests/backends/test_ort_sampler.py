@@ -124,3 +124,35 @@ def test_a_rows_token_is_the_same_in_every_batch_the_sampler_runs(candidates):
         got = sampler.run(feeds["logits"][idx], sample_rows({k: v[idx] for k, v in feeds.items()}))
         np.testing.assert_array_equal(got[0], tokens[idx])
         np.testing.assert_array_equal(got[1], match[idx])
+
+
+def test_gemmas_262k_vocabulary_keeps_greedy_top_k_and_top_p_right():
+    """At Gemma 3's vocabulary (262144): greedy and top-k 1 and a top-p that keeps one token draw
+    the argmax; top-k 5 draws one of the five largest; a narrow nucleus stays inside it."""
+    vocab, rows = 262144, 6
+    rng = np.random.default_rng(21)
+    logits = rng.normal(0, 3, (rows, vocab)).astype(np.float32)
+    logits[np.arange(rows), rng.integers(0, vocab, rows)] += 30  # one clear winner per row, anywhere in the vocabulary
+
+    def draw(**kw) -> np.ndarray:
+        full = dict(mode=1, temperature=1.0, top_p=1.0, top_k=0)
+        full.update(kw)
+        sample = SampleRows(
+            mode=np.full(rows, full["mode"], np.int64), temperature=np.full(rows, full["temperature"], np.float32),
+            top_p=np.full(rows, full["top_p"], np.float32), top_k=np.full(rows, full["top_k"], np.int64),
+            rng_counter_base=np.arange(rows, dtype=np.int64) + 3, position=np.arange(rows, dtype=np.int64) + 40,
+            draft=np.full(rows, -1, np.int64), min_p=np.zeros(rows, np.float32),
+        )
+        return OrtVerifySampler(vocab, top_k_limit=64).run(logits, sample)[0]
+
+    argmax = logits.argmax(axis=1)
+    assert np.array_equal(draw(mode=0), argmax)
+    assert np.array_equal(draw(top_k=1), argmax)
+    assert np.array_equal(draw(top_p=1e-6), argmax)
+    flat = logits.copy()
+    flat[np.arange(rows), argmax] -= 30  # no winner: top-k 5 must still stay in the five largest
+    logits = flat
+    top5 = np.argsort(-logits, axis=1)[:, :5]
+    for t in (0.5, 1.0, 2.0):
+        got = draw(top_k=5, temperature=t)
+        assert all(g in row for g, row in zip(got, top5))

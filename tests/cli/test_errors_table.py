@@ -137,6 +137,43 @@ def _nan(name, arr):
     return arr
 
 
+def _rehashed(w, change) -> list[str]:
+    """A copy of the model changed by ``change(dir, meta)``, its digests recorded anew: what a
+    crafted directory looks like, its files matching their digests."""
+    from sf_trt.formats.files import sha256_file
+    from sf_trt.formats.model_dir import config_digest
+
+    d = w.model_copy()
+    meta = json.loads((d / "config.json").read_text())
+    change(d, meta)
+    meta["sha256"] = {name: sha256_file(d / name) for name in meta["sha256"]}
+    meta["config_sha256"] = config_digest(meta)
+    (d / "config.json").write_text(json.dumps(meta))
+    return ["generate", "--model", str(d), "--prompt", "the"]
+
+
+def _cut_graph(d, meta):
+    (d / "decoder_pass.onnx").write_bytes((d / "decoder_pass.onnx").read_bytes()[:3000])
+
+
+def _data_linked_out(w):
+    def link(d, meta):
+        outside = w.tmp / "elsewhere.data"
+        shutil.move(d / "decoder.onnx.data", outside)
+        (d / "decoder.onnx.data").symlink_to(outside)
+        w.subs["<FILE>"] = str(outside)
+    return _rehashed(w, link)
+
+
+def _another_model_type(w):
+    d = w.tmp / "ckpt"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "models" / "llama", d)
+    conf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**conf, "model_type": "gpt_neox"}))
+    w.subs["<DIR>"] = str(d)
+    return ["generate", "--hf", str(d), "--prompt", "the"]
+
+
 LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
 CASES: dict[str, Callable[[Workspace], list[str]]] = {
@@ -151,6 +188,9 @@ CASES: dict[str, Callable[[Workspace], list[str]]] = {
     "config not JSON": lambda w: _damaged_config(w, lambda p: p.write_text("garbage")),
     "config edited": lambda w: _damaged_config(w, _edited_config),
     "tokenizer missing": _without("tokenizer.json"),
+    "graph cut short, digests redone": lambda w: _rehashed(w, _cut_graph),
+    "weights linked out of the directory": _data_linked_out,
+    "config disagrees with the graph, digests redone": lambda w: _rehashed(w, lambda d, meta: meta["llama"].update(n_layers=3)),
     "not a model directory": lambda w: (w.file("notes.txt", "mine"), w.subs.update({"<DIR>": str(w.tmp)}), ["generate", "--model", str(w.tmp), "--prompt", "the"])[2],
     # GGUF files
     "no such GGUF": lambda w: (w.subs.update({"<FILE>": str(w.tmp / "none.gguf")}), ["generate", "--gguf", str(w.tmp / "none.gguf"), "--prompt", "the"])[1],
@@ -160,6 +200,13 @@ CASES: dict[str, Callable[[Workspace], list[str]]] = {
     "dims its tensors lack": lambda w: ["generate", "--gguf", str(w.gguf(meta={"feed_forward_length": 4096})), "--prompt", "the"],
     "weights not finite": lambda w: ["generate", "--gguf", str(w.gguf(tensor_fn=_nan)), "--prompt", "the"],
     "another architecture": lambda w: ["generate", "--gguf", str(w.gguf(arch="gpt2")), "--prompt", "the"],
+    "a tensor the model would not use": lambda w: ["generate", "--gguf", str(w.gguf(family_name="phi3", extra={"blk.0.attn_q.bias": np.zeros(64, np.float32)})), "--prompt", "the"],
+    "a tensor the family needs, missing": lambda w: ["generate", "--gguf", str(w.gguf(family_name="qwen3", skip=("blk.1.attn_k_norm.weight",))), "--prompt", "the"],
+    "rope scaling not computed": lambda w: ["generate", "--gguf", str(w.gguf(meta={"rope_scaling_type": "yarn"})), "--prompt", "the"],
+    "q4 on dims not whole blocks": lambda w: ["generate", "--gguf", str(w.gguf(shape={"ffn": 100})), "--prompt", "the", "--weights", "q4"],
+    # checkpoint directories
+    "no such checkpoint": lambda w: (w.subs.update({"<DIR>": str(w.tmp / "none")}), ["generate", "--hf", str(w.tmp / "none"), "--prompt", "the"])[1],
+    "another model type": _another_model_type,
     # prompts and sizes
     "prompt not UTF-8": lambda w: w.generate("--prompt", "hi\udcff"),
     "chat not UTF-8": lambda w: w.generate("--chat", "\udcfehi"),

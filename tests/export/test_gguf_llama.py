@@ -21,7 +21,7 @@ def test_load_gguf_round_trips_the_weights(tmp_path):
 
 def test_load_gguf_refuses_another_architecture(tmp_path):
     write_tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
-    with pytest.raises(GGUFError, match=r"gpt2\.gguf: architecture 'gpt2' is not supported \(expected 'llama'\)"):
+    with pytest.raises(GGUFError, match=r"gpt2\.gguf: architecture 'gpt2' is not supported \(supported: llama, mistral, qwen2, qwen3, gemma3, phi3\)"):
         load_gguf(tmp_path / "gpt2.gguf")
 
 
@@ -118,3 +118,117 @@ def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
     write_tiny_gguf(tmp_path / "nan.gguf", tensor_fn=poison)
     with pytest.raises(GGUFError, match=r"tensor 'blk\.1\.attn_v\.weight' holds 2 non-finite values \(NaN or inf\); the file is damaged"):
         load_gguf(tmp_path / "nan.gguf")
+
+
+FAMILY_FILES = {
+    "llama": {}, "llama (llama3 rope_freqs, biases)": {"rope_factors": True, "biases": True}, "mistral": {}, "qwen2": {},
+    "qwen3": {}, "gemma3": {}, "phi3": {},
+}
+
+
+@pytest.mark.parametrize("variant", list(FAMILY_FILES))
+def test_every_family_round_trips_through_its_gguf(tmp_path, variant):
+    """Each family's GGUF (fused matrices, transformers' rotary order where llama.cpp keeps it)
+    loads back into the weights it was written from, every tensor used."""
+    fam = variant.split()[0]
+    cfg, weights = write_tiny_gguf(tmp_path / "m.gguf", family_name=fam, **FAMILY_FILES[variant])
+    got_cfg, got = load_gguf(tmp_path / "m.gguf")
+    assert got_cfg == cfg
+    assert (got.rope_factors is None) == (weights.rope_factors is None)
+    if weights.rope_factors is not None:
+        assert np.array_equal(got.rope_factors, weights.rope_factors)
+    assert (got.lm_head is None) == (weights.lm_head is None)
+    for a, b in zip(got.layers, weights.layers):
+        assert a.present() == b.present()
+        for f in b.present():
+            assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
+@pytest.mark.parametrize("fam, extra", [
+    ("phi3", "blk.0.attn_q.bias"),  # phi3 has no biases
+    ("qwen2", "rope_freqs.weight"),  # llama 3's rope divisors, in a family that has none
+    ("llama", "blk.1.attn_q_norm.weight"),  # a qwen3 norm in a llama
+])
+def test_a_tensor_the_model_would_not_use_is_refused_naming_it(tmp_path, fam, extra):
+    cfg, _ = write_tiny_gguf(tmp_path / "probe.gguf", family_name=fam)
+    size = cfg.head_dim // 2 if extra == "rope_freqs.weight" else cfg.head_dim * (cfg.n_heads if "bias" in extra else 1)
+    write_tiny_gguf(tmp_path / "m.gguf", family_name=fam, extra={extra: np.ones(size, np.float32)})
+    with pytest.raises(GGUFError, match=rf"m\.gguf: tensor '{re.escape(extra)}' is not used by sf_trt's {fam} decoder; refusing to ignore it"):
+        load_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize("fam, missing", [("qwen3", "blk.1.attn_k_norm.weight"), ("qwen2", "blk.0.attn_v.bias"), ("gemma3", "blk.0.post_ffw_norm.weight")])
+def test_a_missing_tensor_is_refused_naming_it(tmp_path, fam, missing):
+    write_tiny_gguf(tmp_path / "m.gguf", family_name=fam, skip=(missing,))
+    with pytest.raises(GGUFError, match=rf"GGUF has no tensor '{re.escape(missing)}' \(expected a {fam} model\)"):
+        load_gguf(tmp_path / "m.gguf")
+
+
+def test_an_unsupported_rope_scaling_is_refused(tmp_path):
+    write_tiny_gguf(tmp_path / "m.gguf", meta={"rope_scaling_type": "yarn"})
+    with pytest.raises(GGUFError, match=r"rope scaling 'yarn' is not supported \(supported: none, linear, llama3's rope_freqs\.weight\)"):
+        load_gguf(tmp_path / "m.gguf")
+
+
+def test_llama3_rope_freqs_and_biases_change_the_model(tmp_path):
+    """Once ignored without a word: a llama GGUF's rope_freqs.weight and biases now change the logits as the reference says."""
+    import dataclasses
+
+    import onnxruntime as ort
+    from rows import close_to_reference
+
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.reference import reference_forward
+
+    cfg, weights = write_tiny_gguf(tmp_path / "m.gguf", rope_factors=True, biases=True)
+    cfg, weights = load_gguf(tmp_path / "m.gguf")
+    seq = np.arange(3, 43)
+    ref = reference_forward(cfg, weights, seq)
+    no_bias = dict.fromkeys(("bq", "bk", "bv", "bo", "b_gate", "b_up", "b_down"))
+    plain = dataclasses.replace(weights, rope_factors=None, layers=[dataclasses.replace(layer, **no_bias) for layer in weights.layers])
+    assert np.abs(reference_forward(cfg, plain, seq) - ref).max() > 1e-2
+    model = build_decoder_graph(cfg, weights, max_lanes=1, max_context=64, cache_inputs="pass")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": seq[None], "positions": np.arange(40)[None], "logit_index": np.arange(40)}
+    for i in range(cfg.n_layers):
+        feeds[f"past_key_{i}"] = feeds[f"past_value_{i}"] = np.zeros((1, cfg.n_kv_heads, 65, cfg.head_dim), np.float32)
+    close_to_reference(sess.run(["logits"], feeds)[0], ref)
+
+
+@pytest.mark.parametrize("fam", ["llama", "phi3", "gemma3"])
+def test_a_lazy_load_reads_each_tensor_when_it_is_used_and_gives_the_same_values(tmp_path, fam):
+    from sf_trt.export.gguf_llama import LazyArray
+
+    write_tiny_gguf(tmp_path / "m.gguf", family_name=fam)
+    _, eager = load_gguf(tmp_path / "m.gguf")
+    _, lazy = load_gguf(tmp_path / "m.gguf", lazy=True)
+    assert isinstance(lazy.tok_embd, LazyArray) and isinstance(lazy.layers[1].wk, LazyArray)
+    assert np.array_equal(np.asarray(lazy.tok_embd), eager.tok_embd)
+    for a, b in zip(lazy.layers, eager.layers):
+        assert a.present() == b.present()
+        assert all(np.array_equal(np.asarray(getattr(a, f)), getattr(b, f)) for f in b.present())
+
+
+def test_a_streamed_build_keeps_no_weight_in_the_graph_and_computes_the_same(tmp_path):
+    """build_decoder_graph(external_data=...) appends each weight to the file as it is built: the
+    graph holds none of their bytes, and the saved model computes what the in-memory one does."""
+    import onnx
+    import onnxruntime as ort
+
+    from sf_trt.export.decoder_graph import build_decoder_graph
+
+    write_tiny_gguf(tmp_path / "m.gguf", family_name="qwen3")
+    cfg, lazy = load_gguf(tmp_path / "m.gguf", lazy=True)
+    (tmp_path / "out").mkdir()
+    streamed = build_decoder_graph(cfg, lazy, max_lanes=1, max_context=32, cache_inputs="pass", external_data=tmp_path / "out" / "w.data")
+    assert sum(len(t.raw_data) for t in streamed.graph.initializer) < 64 * 1024  # the small constants only
+    assert (tmp_path / "out" / "w.data").stat().st_size > 4 * cfg.vocab * cfg.hidden
+    onnx.save_model(streamed, str(tmp_path / "out" / "m.onnx"))
+    _, eager = load_gguf(tmp_path / "m.gguf")
+    whole = build_decoder_graph(cfg, eager, max_lanes=1, max_context=32, cache_inputs="pass")
+    feeds = {"input_ids": np.arange(3, 9)[None], "positions": np.arange(6)[None], "logit_index": np.arange(6)}
+    for i in range(cfg.n_layers):
+        feeds[f"past_key_{i}"] = feeds[f"past_value_{i}"] = np.zeros((1, cfg.n_kv_heads, 33, cfg.head_dim), np.float32)
+    got = ort.InferenceSession(str(tmp_path / "out" / "m.onnx"), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+    want = ort.InferenceSession(whole.SerializeToString(), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+    assert np.array_equal(got, want)

@@ -219,7 +219,7 @@ def registry_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
         return verify_feeds(corner_rows(20, 6))
     if name == "copy_model":
         return {"history": rng.integers(0, 512, (4, 128)), "lanes": np.array([0, 3, 3, 1]), "positions": np.array([0, 127, 5, 64])}
-    if name == "decoder":
+    if name.startswith("decoder"):  # every family's (registry.FAMILY_DECODERS)
         feeds = {"input_ids": rng.integers(0, 64, (2, 3)), "positions": np.array([[0, 1, 2], [10, 11, 64]]),
                  "lane_ids": np.array([1, 0]), "logit_index": np.array([0, 2, 4])}
         for vi in model.graph.input:

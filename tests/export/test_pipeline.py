@@ -131,3 +131,18 @@ def test_processes_sharing_the_cache_export_the_default_model_once(tmp_path):
     assert sum(err.count("exported ") for _, err in outs) == 1, [err for _, err in outs]
     ModelDir.open(path)  # whole, every file matching its digest
     assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [os.path.basename(path)]  # nothing beside it
+
+
+def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path):
+    """Once a ValueError traceback: an ffn of 100 cannot be held in Q4_1 blocks of 32."""
+    from cli_run import sf_trt
+    from tiny_gguf import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "odd.gguf", shape={"ffn": 100})
+    proc = sf_trt("export", "--gguf", str(tmp_path / "odd.gguf"), "--out", str(tmp_path / "m"), "--weights", "q4",
+                  env={"SF_TRT_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "sf-trt: --weights q4: ffn 100 not a multiple of 32, so Q4_1 blocks cannot hold the matrices (use --weights int8 or float32)"
+    )
+    assert not (tmp_path / "m").exists()
