@@ -26,6 +26,7 @@ def add_serve_parsers(sub: Any) -> None:
     """Register ``serve`` and ``loadtest`` on the ``sf-trt`` subparsers."""
     from sf_trt.engine_loop import LoopConfig
     from sf_trt.entrypoints.serving import ServeConfig
+    from sf_trt.prefix_cache import DEFAULT_PREFIX_CACHE_MB
     from sf_trt.scheduler import DRAFTERS, SchedulerConfig
     from sf_trt.serve.limits import DEFAULT_KEEP_ALIVE_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_BYTES, DEFAULT_READ_TIMEOUT_S
 
@@ -84,6 +85,10 @@ def add_serve_parsers(sub: Any) -> None:
                    f"costs at the batch size, send none (default {policy.min_acceptance})")
     s.add_argument("--prefill-budget", type=ranged(int, 1, what="tokens >= 1"), default=serving.prefill_budget,
                    help=f"prompt tokens prefilled per tick across lanes, beside the decoding lanes (default {serving.prefill_budget})")
+    s.add_argument("--prefix-cache-mb", type=ranged(int, 0, what="MiB >= 0"), default=DEFAULT_PREFIX_CACHE_MB,
+                   help="MiB of model state kept for prompt prefixes of earlier and running requests, shared only within one `user` (exact: a "
+                   "request that starts from a cached prefix emits what it would without it; least recently used out "
+                   f"first; 0: off; backends that cannot hold it, TensorRT, run without; default {DEFAULT_PREFIX_CACHE_MB})")
     add_model_flags(p, {FAKE_BACKEND: "the copy-model fake with a byte tokenizer (tests and demos, no model)"})
     add_ray_flags(p)
     p.add_argument_group("model").add_argument(

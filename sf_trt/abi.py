@@ -63,6 +63,8 @@ class Status(enum.IntEnum):
     DUPLICATE_OP = 16
     BAD_ARGUMENT = 17
     UNSUPPORTED = 18
+    PREFIX_NOT_CACHED = 19
+    """An admit asked for more cached prefix than the prefix cache holds for its prompt."""
 
 
 class StatusError(Exception):

@@ -45,7 +45,13 @@ class Admit:
     draft_scope: Optional[str] = DEFAULT_SCOPE
     """Whose earlier requests the lane may draft from, and whose corpus its text
     joins when released (a tenant: API key and user); ``None``: its own text only,
-    nothing kept. Read by drafters that keep a corpus (suffix); never by the model."""
+    nothing kept. Read by drafters that keep a corpus (suffix) and by the prefix
+    cache (whose cached prefixes the lane may start from, and which it adds to);
+    never by the model."""
+    cached_len: int = 0
+    """Start the lane from the first ``cached_len`` positions of its prompt as the
+    prefix cache holds them (at most ``Executor.cached_prefix(prompt, draft_scope)``);
+    its prefill then starts there. 0: prefill it all."""
     prompt_logprobs: Optional[int] = None
     """Report the logprob of each prompt token after the first, from the prefill's own
     rows, and its ``prompt_logprobs`` most likely alternatives (0..:data:`TOP_LOGPROBS_MAX`;
@@ -96,9 +102,12 @@ class Plan:
         rng_counter_base: int = 0,
         logprobs: Optional[int] = None,
         draft_scope: Optional[str] = DEFAULT_SCOPE,
+        cached_len: int = 0,
         prompt_logprobs: Optional[int] = None,
     ) -> "Plan":
-        self.ops.append(Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope, prompt_logprobs))
+        self.ops.append(
+            Admit(lane, prompt, strategy_slot, sampling, params, rng_counter_base, logprobs, draft_scope, cached_len, prompt_logprobs)
+        )
         return self
 
     def prefill(self, lane: int, start: int, length: int) -> "Plan":

@@ -3,7 +3,9 @@
 A tick reads like the design::
 
     check(plan)            the whole plan against the lanes, before anything runs
-    admit / prefill        slots taken; prompt chunks forwarded in packed passes
+    admit / prefill        slots taken (a lane may start from a prefix the prefix
+                           cache holds: ``Admit.cached_len``); prompt chunks forwarded
+                           in packed passes, the completed blocks offered to the cache
     decode steps           each step: one forward over every decoding lane's rows,
                            one verify-and-sample pass, accept, roll back
     emit / release         one emit per lane touched; finished lanes freed
@@ -42,6 +44,7 @@ when one raises, the lanes it served end with ``Finish.ERROR`` and ``Emit.error`
     decode forward     every lane of the step (they share the pass)
     verify_sample      every lane of the step
     truncate           that lane only (the step's other lanes go on)
+    prefix load/save   that lane only (the prefix cache copying its state in or out)
     release            that lane's slot is quarantined, see below
 
 Every token drawn before the fault, in earlier steps of the tick or in the same
@@ -53,7 +56,8 @@ another lane's tokens. A logits row ``verify_sample`` cannot sample from (NaN,
 that row emitted, unless the lane ended (EOS, length) before it.
 
 A lane that ends, by finishing or by a fault, is released in the tick's last
-phase. If the release raises, the lane still ends as it would have (its finish
+phase (what it committed is offered to the prefix cache first, unless it
+failed). If the release raises, the lane still ends as it would have (its finish
 stays, ``Emit.error`` reports the release) and its id is free again, but its
 slot is *quarantined*: not reused, released again at the end of every later
 tick until that succeeds (``Executor.quarantined``). ``check_integrity`` holds
@@ -71,6 +75,7 @@ from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusE
 from .drafting import Drafter
 from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
 from .penalties import LanePenalties, pack
+from .prefix_cache import CachedBlock, PrefixCache
 from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
@@ -131,17 +136,22 @@ class ExecutorConfig:
 
     ``ring_capacity``: tokens each lane's output ring holds (and the most one
     ``decode`` may ask for). ``max_prefill_rows``: rows per prefill pass (None:
-    the backend's ``max_rows_per_pass``).
+    the backend's ``max_rows_per_pass``). ``prefix_cache_mb``: MiB of the prefix
+    cache (:mod:`sf_trt.prefix_cache`; 0: none, the bare executor's default; the
+    command line and the server default to ``DEFAULT_PREFIX_CACHE_MB``).
     """
 
     ring_capacity: int = 4096
     max_prefill_rows: Optional[int] = None
+    prefix_cache_mb: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("ring_capacity", "max_prefill_rows"):
+        for name in ("ring_capacity", "max_prefill_rows", "prefix_cache_mb"):
             value = getattr(self, name)
             if not _is_int(value) and not (name == "max_prefill_rows" and value is None):
                 raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: {name} must be an int (got {value!r})")
+        if self.prefix_cache_mb < 0:
+            raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: prefix_cache_mb must be >= 0 (got {self.prefix_cache_mb})")
         if self.ring_capacity < 1:
             raise StatusError(Status.BAD_ARGUMENT, f"ExecutorConfig: ring_capacity must be >= 1 (got {self.ring_capacity})")
         if self.max_prefill_rows is not None and self.max_prefill_rows < 1:
@@ -166,6 +176,10 @@ class _Lane:
     error: Optional[str] = None
     """What failed for this lane in the current tick (see ``Emit.error``)."""
     logprobs: Optional[int] = None
+    scope: Optional[str] = None
+    """The tenant scope (``Admit.draft_scope``): whose cached prefixes the lane shares."""
+    prefix: list[CachedBlock] = dataclasses.field(default_factory=list)
+    """The chain of cached blocks holding the lane's first positions, pinned while it lives."""
     penalties: Optional[LanePenalties] = None
     """The lane's logit-adjustment books; None when its params adjust nothing."""
     prompt_logprobs: Optional[int] = None
@@ -234,6 +248,19 @@ class Executor:
         self._prefill_rows = min(config.max_prefill_rows or caps.max_rows_per_pass, caps.max_rows_per_pass)
         self.grammar_cut_tokens = 0
         """Draft tokens cut before their pass because the lane's grammar forbids them (all lanes, ever)."""
+        self.prefix_cache: Optional[PrefixCache] = None
+        if config.prefix_cache_mb:
+            if caps.state_bytes_per_token <= 0:
+                raise StatusError(
+                    Status.UNSUPPORTED,
+                    f"Executor: prefix_cache_mb {config.prefix_cache_mb} asks for a prefix cache, and {type(primitives).__name__} "
+                    "cannot save or load state (use prefix_cache_mb=0)",
+                )
+            self.prefix_cache = PrefixCache(config.prefix_cache_mb << 20)
+        self.prefix_queries = 0
+        """Prompt tokens of lanes admitted while the prefix cache was on (vLLM's prefix_cache_queries)."""
+        self.prefix_hits = 0
+        """Of those, the tokens taken from the cache (vLLM's prefix_cache_hits)."""
 
     # -- registration and prompts ---------------------------------------------------
 
@@ -275,6 +302,18 @@ class Executor:
             raise StatusError(Status.BAD_ARGUMENT, f"drop_prompt({prompt_id!r}): prompt ids are ints")
         if self._prompts.pop(prompt_id, None) is None:
             raise StatusError(Status.UNKNOWN_PROMPT, f"drop_prompt({prompt_id}): no such prompt")
+
+    def cached_prefix(self, prompt_id: int, scope: Optional[str]) -> int:
+        """How many of prompt ``prompt_id``'s first positions a lane of ``scope`` admitted
+        now could take from the prefix cache (``Admit.cached_len``): whole blocks, at
+        most all but the last prompt token (whose row a decode computes). 0 when the
+        cache is off, the scope is private (None) or nothing matches."""
+        if not _is_int(prompt_id) or prompt_id not in self._prompts:
+            raise StatusError(Status.UNKNOWN_PROMPT, f"cached_prefix({prompt_id!r}): no such prompt")
+        if self.prefix_cache is None:
+            return 0
+        prompt = self._prompts[prompt_id]
+        return self.prefix_cache.cached_len(scope, prompt.tolist(), prompt.shape[0] - 1)
 
     def read_tokens(self, ref: TokenRef) -> list[int]:
         """The tokens behind an emit's ``token_ref``."""
@@ -367,7 +406,7 @@ class Executor:
             if isinstance(op, Admit):
                 free -= 1
                 self._check_admit(op, shadow, free)
-                shadow[int(op.lane)] = [len(self._prompts[op.prompt]), 0, False, False]
+                shadow[int(op.lane)] = [len(self._prompts[op.prompt]), int(op.cached_len), False, False]
                 checked.touched.append(int(op.lane))
                 checked.admits.append(op)
             elif isinstance(op, Prefill):
@@ -453,6 +492,19 @@ class Executor:
         if plp is not None and not self.caps.logprobs:
             raise StatusError(Status.UNSUPPORTED, f"{name}: this backend does not report logprobs (asked for prompt_logprobs {plp})")
         check_draft_scope(op.draft_scope, name)
+        cached = op.cached_len
+        if not _is_int(cached) or cached < 0:
+            raise StatusError(Status.BAD_ARGUMENT, f"{name}: cached_len must be an int >= 0 (got {cached!r})")
+        if cached and plp is not None:
+            raise StatusError(
+                Status.BAD_ARGUMENT,
+                f"{name}: prompt_logprobs {plp} scores every prompt position in the prefill, and cached_len {cached} skips "
+                "the first of them (admit it with cached_len=0)",
+            )
+        if cached:
+            held = self.cached_prefix(op.prompt, op.draft_scope)
+            if cached > held or cached % self.prefix_cache.block_tokens:
+                raise StatusError(Status.PREFIX_NOT_CACHED, f"{name}: cached_len {cached}, and the prefix cache holds {held} positions of the prompt for its scope (whole blocks)")
         if free_after < 0:
             held = f" ({len(self._quarantined)} quarantined after a failed release)" if self._quarantined else ""
             raise StatusError(Status.CAPACITY_EXHAUSTED, f"{name}: all {self.caps.max_lanes} lane slots are in use{held}")
@@ -465,13 +517,35 @@ class Executor:
         tokens = prompt.tolist()
         drafter = grant.new_drafter(tokens, op.draft_scope) if grant is not None else None
         slot = self._free_slots.pop()
-        self._lanes[int(op.lane)] = _Lane(
+        lane = self._lanes[int(op.lane)] = _Lane(
             lane_id=int(op.lane), slot=slot, prompt_len=len(tokens), sampling=Sampling(op.sampling),
             params=op.params, rng_counter_base=int(op.rng_counter_base), grant=grant, drafter=drafter, tokens=tokens,
-            logprobs=None if op.logprobs is None else int(op.logprobs),
+            logprobs=None if op.logprobs is None else int(op.logprobs), scope=op.draft_scope,
             penalties=LanePenalties(op.params, tokens, self.caps.eos) if op.params.adjusts_logits else None,
             prompt_logprobs=None if op.prompt_logprobs is None else int(op.prompt_logprobs),
         )
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        self.prefix_queries += lane.prompt_len
+        if op.cached_len:
+            lane.prefix = cache.match(lane.scope, tokens, op.cached_len)  # the check saw them: nothing was evicted since
+            cache.pin(lane.prefix)
+            lane.prefilled_len = op.cached_len
+            if self._call("prefix load", [lane], self.primitives.load_prefix, slot, [b.state for b in lane.prefix]) is not _FAULT:
+                self.prefix_hits += op.cached_len
+
+    def _save_prefix(self, lane: _Lane, length: int) -> None:
+        """Offer the lane's first ``length`` positions (whole blocks) to the prefix cache."""
+        if self.prefix_cache is None or lane.error is not None:
+            return
+
+        def read(start: int, n: int) -> Any:
+            state = self._call("prefix save", [lane], self.primitives.save_block, lane.slot, start, n)
+            return None if state is _FAULT else state
+
+        block_bytes = self.prefix_cache.block_tokens * self.caps.state_bytes_per_token
+        lane.prefix = self.prefix_cache.extend(lane.scope, lane.prefix, lane.tokens, length, read, block_bytes)
 
     def _prefill(self, prefills: list[Prefill], out: dict[int, _TickOut]) -> None:
         """Forward the prompt chunks (all but each prompt's last token) in packed passes.
@@ -486,6 +560,8 @@ class Executor:
         by_slot: dict[int, _Lane] = {}
         for op in prefills:
             lane = self._lanes[op.lane]
+            if lane.finish != Finish.NONE:  # its prefix load failed: it has ended
+                continue
             by_slot[lane.slot] = lane
             end = min(op.start + op.length, lane.prompt_len - 1)
             if end > op.start:
@@ -510,6 +586,8 @@ class Executor:
                 slots_all, pos_all, tok_all = slots_all[left], pos_all[left], tok_all[left]
             elif wanted.size:
                 self._prompt_logprobs(logits, rows, by_slot, out)
+        for lane in by_slot.values():  # a running lane's prompt is a prefix others may start from
+            self._save_prefix(lane, min(lane.prefilled_len, lane.prompt_len - 1))
 
     def _prompt_logprobs(self, logits: Any, rows: Rows, by_slot: dict[int, _Lane], out: dict[int, _TickOut]) -> None:
         """The logprobs of the prompt tokens a prefill pass's logit rows score: row
@@ -679,7 +757,12 @@ class Executor:
         return Events(emits)
 
     def _release(self, lane: _Lane) -> None:
-        """Free the lane's id, and its slot unless the backend fails to release it."""
+        """Free the lane's id, and its slot unless the backend fails to release it. What it
+        committed (prompt and output) is offered to the prefix cache first."""
+        if self.prefix_cache is not None:
+            self._save_prefix(lane, lane.committed_len)
+            self.prefix_cache.unpin(lane.prefix)
+            lane.prefix = []
         released = self._call("release", [lane], self.primitives.release, lane.slot) is not _FAULT
         del self._lanes[lane.lane_id]
         if released:
@@ -714,6 +797,13 @@ class Executor:
                 raise AssertionError(f"{where}: backend state holds {state_len} positions, the lane committed {lane.committed_len}")
             if lane.drafter is not None and lane.drafter.history_len != len(lane.tokens):
                 raise AssertionError(f"{where}: drafter history {lane.drafter.history_len} != tokens {len(lane.tokens)}")
+            if self.prefix_cache is not None and len(lane.prefix) * self.prefix_cache.block_tokens > state_len:
+                raise AssertionError(f"{where}: pins {len(lane.prefix)} cached blocks past its {state_len} positions")
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_integrity()
+            pins = sum(len(lane.prefix) for lane in self._lanes.values())
+            if pins != self.prefix_cache.pins():
+                raise AssertionError(f"prefix cache: lanes pin {pins} blocks, the cache counts {self.prefix_cache.pins()}")
         for slot in self._free_slots:
             if self.primitives.state_len(slot) != 0:
                 raise AssertionError(f"free slot {slot}: backend state holds {self.primitives.state_len(slot)} positions")
@@ -731,4 +821,5 @@ class Executor:
         return (
             lanes, tuple(sorted(self._free_slots)), tuple(r.written for r in self._rings),
             tuple(sorted(self._prompts)), tuple(sorted(self._quarantined)), shared,
+            None if self.prefix_cache is None else (len(self.prefix_cache), self.prefix_cache.bytes),
         )

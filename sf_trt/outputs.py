@@ -71,6 +71,9 @@ class RequestOutput:
     """For a request with ``prompt_logprobs``: every prompt token's after the first. A
     stream carries them on its first delta (the prompt is prefilled by then) and on no
     other; a cumulative record always."""
+    cached_tokens: Optional[int] = None
+    """Prompt tokens taken from the prefix cache, not prefilled (None: the engine keeps no
+    prefix cache)."""
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,11 @@ history; a decoder: its KV cache). A forward pass writes the state of the rows i
 is given and must start each lane exactly at ``state_len``; rolling back is
 ``truncate(s, length)``: the length moves back and rows past it are dead, to be
 overwritten by the next pass (gpt-fast's cursor, not a copy).
+
+Prefix state (optional, ``Capabilities.state_bytes_per_token > 0``): ``save_block``
+copies positions of a slot's state out as a :class:`StateBlock`, and
+``load_prefix`` writes blocks into an empty slot as its first positions; the
+executor's prefix cache (:mod:`sf_trt.prefix_cache`) keeps them across requests.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 
 from .abi import Sampling, Status, StatusError
 
-__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "SAMPLE_ROW_FIELDS", "RowFault", "PrimitivesBase"]
+__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "SAMPLE_ROW_FIELDS", "RowFault", "StateBlock", "PrimitivesBase"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,20 @@ class Capabilities:
     logprobs: bool = False
     """The backend reports each drawn token's logprob and the most likely alternatives
     (:meth:`PrimitivesBase.logprobs`); lanes may ask for logprobs only then."""
+    state_bytes_per_token: int = 0
+    """Bytes of state one position holds when saved (``save_block``/``load_prefix``);
+    0: the backend cannot save and load state, so it has no prefix cache."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StateBlock:
+    """``length`` positions of one slot's state, copied out by :meth:`PrimitivesBase.save_block`:
+    ``data`` is the backend's (the decoder: K and V ``[n_layers, n_kv_heads, length,
+    head_dim]``; the fake: the tokens); ``nbytes`` what it holds."""
+
+    length: int
+    data: Any
+    nbytes: int
 
 
 def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
@@ -246,6 +265,32 @@ class PrimitivesBase:
         self._release_impl(lane)
         self._state_len[lane] = 0
 
+    def save_block(self, lane: int, start: int, length: int) -> StateBlock:
+        """A copy of positions ``[start, start + length)`` of slot ``lane``'s state
+        (within its ``state_len``); needs ``state_bytes_per_token > 0``."""
+        op = f"save_block(lane={lane}, start={start}, length={length})"
+        self._check_lane("save_block", lane)
+        self._check_state_io(op)
+        current = int(self._state_len[lane])
+        if not (0 <= start and 1 <= length and start + length <= current):
+            raise StatusError(Status.BAD_ARGUMENT, f"{op}: outside the state's {current} positions")
+        data = self._save_block_impl(lane, int(start), int(length))
+        return StateBlock(int(length), data, int(length) * self.capabilities.state_bytes_per_token)
+
+    def load_prefix(self, lane: int, blocks: list[StateBlock]) -> None:
+        """Make ``blocks``, in order, the first positions of empty slot ``lane``'s state;
+        its ``state_len`` is then their total length."""
+        self._check_lane("load_prefix", lane)
+        total = sum(int(b.length) for b in blocks)
+        op = f"load_prefix(lane={lane}, {len(blocks)} blocks of {total} positions)"
+        self._check_state_io(op)
+        if self._state_len[lane]:
+            raise StatusError(Status.BAD_ARGUMENT, f"{op}: the slot holds {int(self._state_len[lane])} positions (it must be empty)")
+        if total > self.capabilities.max_context - 1:
+            raise StatusError(Status.CAPACITY_EXHAUSTED, f"{op}: more than the context's {self.capabilities.max_context} positions leave room for")
+        self._load_prefix_impl(lane, blocks)
+        self._state_len[lane] = total
+
     def state_len(self, lane: int) -> int:
         """Positions of state lane ``lane`` holds."""
         self._check_lane("state_len", lane)
@@ -302,6 +347,12 @@ class PrimitivesBase:
     def _release_impl(self, lane: int) -> None:
         self._truncate_impl(lane, 0)
 
+    def _save_block_impl(self, lane: int, start: int, length: int) -> Any:
+        raise NotImplementedError
+
+    def _load_prefix_impl(self, lane: int, blocks: list[StateBlock]) -> None:
+        raise NotImplementedError
+
     def _logprobs_impl(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise NotImplementedError
 
@@ -312,6 +363,10 @@ class PrimitivesBase:
             raise StatusError(
                 Status.BAD_ARGUMENT, f"{op}(lane={lane}): slot outside 0..{self.capabilities.max_lanes - 1}"
             )
+
+    def _check_state_io(self, op: str) -> None:
+        if self.capabilities.state_bytes_per_token <= 0:
+            raise StatusError(Status.UNSUPPORTED, f"{op}: {type(self).__name__} cannot save or load state (no prefix cache)")
 
     def _check_rows(self, rows: Rows) -> tuple[np.ndarray, ...]:
         caps = self.capabilities

@@ -52,6 +52,7 @@ def run_lanes(
     harness: Optional[Harness] = None,
     executor_config: ExecutorConfig = ExecutorConfig(),
     before_tick: Optional[Callable[[int, Harness], None]] = None,
+    cached: Optional[dict[int, int]] = None,
 ) -> list[LaneRun]:
     """Run every lane through one executor, ticks interleaved; each lane's result.
 
@@ -63,6 +64,9 @@ def run_lanes(
     ``before_tick(tick, harness)`` is called before each tick that runs a plan.
     ``draft_config`` picks the default drafter kind (prompt lookup when None);
     ``harness``: run on an existing one (its suffix corpora carry over).
+    ``cached``: when given, each lane starts from the longest prefix the executor's
+    prefix cache holds for it at its admission (and its prefill from there); the
+    positions taken are recorded in it by lane.
     """
     h = harness or Harness.with_engine(Executor(make_primitives(), executor_config))
     default = kind_of(draft_config)
@@ -85,8 +89,10 @@ def run_lanes(
                 continue
             if tick == s.admit_tick:
                 kind = default if s.speculate is True else s.speculate
+                if cached is not None:
+                    cached[i] = prefilled[i] = h.engine.cached_prefix(prompts[i], s.scope)
                 plan.admit(i, prompts[i], strategy_slot=slots[kind], sampling=s.mode, params=s.params, rng_counter_base=s.seed,
-                           draft_scope=s.scope)
+                           draft_scope=s.scope, cached_len=prefilled[i])
             if prefilled[i] < len(s.prompt):
                 n = min(s.prefill_chunk, len(s.prompt) - prefilled[i])
                 plan.prefill(i, prefilled[i], n)

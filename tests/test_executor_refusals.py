@@ -54,6 +54,11 @@ CASES = {
     "ungranted slot": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=9), Status.REJECT_ILLEGAL_COMBINATION, "admit(lane=1)"),
     "draft scope not a str": (lambda h, p, s: h.plan().admit(1, p, strategy_slot=s, draft_scope=5), Status.BAD_ARGUMENT, "admit(lane=1): draft_scope"),
     "draft scope too long": (lambda h, p, s: h.plan().admit(1, p, draft_scope="k" * 1025), Status.BAD_ARGUMENT, "1025 characters"),
+    "prefix not cached": (lambda h, p, s: h.plan().admit(1, p, cached_len=16), Status.PREFIX_NOT_CACHED, "admit(lane=1): cached_len 16"),
+    "cached length negative": (lambda h, p, s: h.plan().admit(1, p, cached_len=-1), Status.BAD_ARGUMENT, "admit(lane=1): cached_len"),
+    "prompt logprobs from a cached prefix": (
+        lambda h, p, s: h.plan().admit(1, p, cached_len=16, prompt_logprobs=2), Status.BAD_ARGUMENT, "admit(lane=1): prompt_logprobs 2",
+    ),
     "gumbel at temperature 0": (
         lambda h, p, s: h.plan().admit(1, p, sampling=Sampling.GPU_GUMBEL, params=SamplingParams(temperature=0.0)),
         Status.BAD_SAMPLING_PARAMS, "admit(lane=1)",
@@ -139,6 +144,13 @@ def no_verify_rows() -> Harness:
     return Harness.with_engine(Executor(FakePrimitives(FakeConfig(copy_model=True)), ExecutorConfig()))
 
 
+def no_state_io() -> FakePrimitives:
+    """A fake that says it cannot save or load its state (as TensorRT says)."""
+    f = FakePrimitives(CFG)
+    f.capabilities = dataclasses.replace(f.capabilities, state_bytes_per_token=0)
+    return f
+
+
 OTHERS = {
     "kernel capability not offered": lambda: register_prompt_lookup_with(setup()[0], ID, DIGEST, 2),
     "strategy id of the wrong size": lambda: register_prompt_lookup_with(setup()[0], b"short", DIGEST, 0),
@@ -163,6 +175,9 @@ OTHERS = {
     "ring capacity 0": lambda: ExecutorConfig(ring_capacity=0),
     "ring capacity a float": lambda: ExecutorConfig(ring_capacity=64.0),
     "prefill rows 0": lambda: ExecutorConfig(max_prefill_rows=0),
+    "prefix cache budget negative": lambda: ExecutorConfig(prefix_cache_mb=-1),
+    "prefix cache on a backend without state io": lambda: Executor(no_state_io(), ExecutorConfig(prefix_cache_mb=64)),
+    "cached prefix of an unknown prompt": lambda: setup()[0].engine.cached_prefix(999, ""),
     "fake vocabulary too small": lambda: FakePrimitives(FakeConfig(vocab=2, eos=1)),
     "fake favour logit NaN": lambda: FakePrimitives(FakeConfig(favour_logit=math.nan)),
     "read tokens of no ring": lambda: setup()[0].engine.read_tokens(TokenRef(99, 0, 1)),

@@ -34,7 +34,7 @@ INNER = (
     ("formats", "tokenizer", "models"),
     ("graphs",),
     ("engine", "primitives", "outputs"),
-    ("drafting", "strategies", "penalties", "grammar"),
+    ("drafting", "strategies", "penalties", "grammar", "prefix_cache"),
     ("executor", "testing", "faults"),
     ("backends", "fake"),
     ("scheduler", "generate", "engine_loop"),
@@ -43,7 +43,7 @@ INNER = (
 """The runtime's parts from the bottom up (``sf_trt.<part>`` and its submodules): the ABI;
 what is read from disk (formats, tokenizers, the model cache); the ONNX graphs the runtime
 builds; plans, events and outputs, and the backend protocol; drafters and their
-registration, and each lane's logit adjustments and grammar; the executor (and what drives it in tests); the backends that implement
+registration, each lane's logit adjustments and grammar, and the prefix cache; the executor (and what drives it in tests); the backends that implement
 the protocol; whole requests over the executor; the HTTP shell."""
 PACKAGE_OF = {"sf_trt": "sf_trt", "export": "sf_trt.export", "cli": "sf_trt.cli"}
 """Folder -> the package name it is installed as (pyproject's package-dir)."""

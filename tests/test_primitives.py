@@ -10,7 +10,7 @@ import pytest
 
 from sf_trt.abi import Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
-from sf_trt.primitives import SAMPLE_ROW_FIELDS, RowFault, Rows, SampleRows
+from sf_trt.primitives import SAMPLE_ROW_FIELDS, RowFault, Rows, SampleRows, StateBlock
 
 CFG = FakeConfig(vocab=64, eos=63, copy_model=True, verify_rows=True, max_lanes=3, max_context=32, top_k_limit=16)
 
@@ -101,6 +101,21 @@ def test_verify_sample_gives_a_row_fault_for_logits_it_cannot_sample_and_draws_t
     assert tokens[0] == tokens[2] and 0 <= tokens[0] < 64
 
 
+def loaded(n: int) -> FakePrimitives:
+    """A fake whose slot 0 holds ``n`` positions loaded as one block."""
+    f = FakePrimitives(CFG)
+    f.load_prefix(0, [StateBlock(n, np.arange(n), 8 * n)])
+    return f
+
+
+def test_state_blocks_round_trip_through_a_slot():
+    f = loaded(3)
+    block = f.save_block(0, 1, 2)
+    assert (block.length, block.nbytes, block.data.tolist()) == (2, 16, [1, 2])
+    f.load_prefix(1, [block, block])
+    assert f.state_len(1) == 4 and f.save_block(1, 0, 4).data.tolist() == [1, 2, 1, 2]
+
+
 def rows_refused(case: str) -> None:
     SEAM[case][0](FakePrimitives(CFG))
 
@@ -111,5 +126,8 @@ REFUSALS = {
     "logits at every row without verify rows": lambda: FakePrimitives(dataclasses.replace(CFG, verify_rows=False)).forward(
         rows([0, 0], [0, 1], [1, 2], [0, 1])
     ),
+    "save_block outside the state": lambda: FakePrimitives(CFG).save_block(0, 0, 16),
+    "load_prefix into a slot in use": lambda: loaded(2).load_prefix(0, [StateBlock(2, np.arange(2), 16)]),
+    "load_prefix past the context": lambda: FakePrimitives(CFG).load_prefix(0, [StateBlock(32, np.arange(32), 256)]),
 }
 """Every refusal above as a call that raises it, by the name docs/errors.md gives it."""

@@ -79,7 +79,7 @@ class FakePrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
                 vocab=cfg.vocab, eos=cfg.eos, max_lanes=cfg.max_lanes, max_context=cfg.max_context,
                 max_rows_per_pass=cfg.max_rows_per_pass, verify_rows=cfg.verify_rows,
                 truncate_partial=cfg.truncate_partial, kernel_capabilities=cfg.kernel_capabilities, logprobs=True,
-                top_k_limit=top_k_limit,
+                top_k_limit=top_k_limit, state_bytes_per_token=8,
             )
         )
         self.config = cfg
@@ -108,6 +108,13 @@ class FakePrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
 
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # the length is the state: positions past it are dead and get overwritten
+
+    def _save_block_impl(self, lane: int, start: int, length: int) -> np.ndarray:
+        return self._history[lane, start:start + length].copy()
+
+    def _load_prefix_impl(self, lane: int, blocks: list) -> None:
+        if blocks:
+            self._history[lane, : sum(b.length for b in blocks)] = np.concatenate([b.data for b in blocks])
 
     def close(self) -> None:
         self._model = None

@@ -22,6 +22,9 @@ layout and keeps the KV cache on the host:
 * the graph returns only this pass's new K/V; after the pass they are written
   into the arrays at ``(slot, position)`` (numpy bookkeeping), padding rows
   skipped;
+* a prefix from the prefix cache (:mod:`sf_trt.prefix_cache`) is copied into the
+  lane's row (``load_prefix``), and blocks of a lane's positions are copied out
+  (``save_block``): the rows then read it in place as if a prefill had written it;
 * rollback is a length: ``truncate`` only moves ``state_len`` (PrimitivesBase
   keeps it); entries past it are masked by position and overwritten later::
 
@@ -185,11 +188,12 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         if optimization not in OPTIMIZATION_LEVELS:
             raise _bad(f"optimization {optimization!r} unknown (known: {', '.join(OPTIMIZATION_LEVELS)})")
         top_k_limit = min(int(top_k_limit), cfg.vocab)
+        kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * np.dtype(_CACHE_TYPES[model.precision]).itemsize
         super().__init__(
             Capabilities(
                 vocab=cfg.vocab, eos=cfg.eos, max_lanes=int(max_lanes), max_context=int(max_context),
                 max_rows_per_pass=int(max_rows_per_pass), verify_rows=True, truncate_partial=True,
-                kernel_capabilities=0, top_k_limit=top_k_limit, logprobs=True,
+                kernel_capabilities=0, top_k_limit=top_k_limit, logprobs=True, state_bytes_per_token=kv_bytes,
             )
         )
         self.model_dir = model.path
@@ -317,6 +321,21 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
 
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # the length is the state: entries past it are masked, then overwritten
+
+    def _save_block_impl(self, lane: int, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        self._check_open()
+        row = int(self._row_of[lane])
+        return self._keys[:, row, :, start:start + length].copy(), self._values[:, row, :, start:start + length].copy()
+
+    def _load_prefix_impl(self, lane: int, blocks: list) -> None:
+        self._check_open()
+        row, at = int(self._row_of[lane]), 0
+        for block in blocks:
+            keys, values = block.data  # [n_layers, n_kv_heads, length, head_dim] each
+            self._keys[:, row, :, at:at + block.length] = keys
+            self._values[:, row, :, at:at + block.length] = values
+            at += block.length
+        self._written[lane] = max(int(self._written[lane]), at)
 
     def close(self) -> None:
         self._binding = None

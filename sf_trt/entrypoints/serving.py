@@ -9,6 +9,7 @@ it, never the flags).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Optional
 
 from ..abi import Status, StatusError
@@ -19,6 +20,8 @@ from ..serve.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_BYTES, DEF
 from .model import DEFAULT_CONTEXT, ModelSpec, resolve
 
 __all__ = ["ServeConfig", "FAKE_BACKEND", "open_served", "server_state"]
+
+log = logging.getLogger("sf_trt.serve")
 
 FAKE_BACKEND = "fake"
 """The backend name of the copy-model fake with a byte tokenizer (tests and demos, no model)."""
@@ -105,6 +108,11 @@ def server_state(config: ServeConfig, *, const_labels: Optional[dict[str, str]] 
         caps = prims.capabilities
         if config.speculate != "none" and not (caps.verify_rows and caps.truncate_partial):
             state.default_speculate = "none"
-        return EngineLoop(prims, tokenizer=tokenizer, config=config.loop, observer=state.metrics), tokenizer, max_context
+        loop = config.loop
+        prefix_cache_mb = loop.executor.prefix_cache_mb
+        if prefix_cache_mb and not caps.state_bytes_per_token:
+            log.warning("no prefix cache: %s cannot save or load its state (--prefix-cache-mb %d ignored)", type(prims).__name__, prefix_cache_mb)
+            loop = dataclasses.replace(loop, executor=dataclasses.replace(loop.executor, prefix_cache_mb=0))
+        return EngineLoop(prims, tokenizer=tokenizer, config=loop, observer=state.metrics), tokenizer, max_context
 
     return state, loader

@@ -4,7 +4,8 @@ Both the batch :class:`~sf_trt.generate.Generator` and the serving
 :class:`~sf_trt.engine_loop.EngineLoop` drive an Executor through this class.
 One :meth:`Scheduler.step` reads like this::
 
-    plan       admit waiting sequences into free lanes (oldest first); prefill
+    plan       admit waiting sequences into free lanes (oldest first), each from
+               the longest prefix the executor's prefix cache holds for it; prefill
                prompt chunks (per lane ``prefill_chunk``, per tick ``prefill_budget``)
                beside the lanes that decode ``tick_tokens`` each, with the draft
                cap the drafting policy sets for the tick

@@ -53,8 +53,9 @@ class Request:
     ``speculate`` turns drafting on with ``drafter`` (a :data:`DRAFTERS` name) drafting
     at most ``max_draft`` tokens per pass (0: the drafter's own cap).
     ``draft_scope``: whose finished requests the suffix drafter may draft from and
-    whose corpus this one joins (a tenant; see :mod:`sf_trt.drafting.suffix`); None
-    keeps it private.
+    whose corpus this one joins (a tenant; see :mod:`sf_trt.drafting.suffix`), and
+    whose cached prefixes it may start from and adds to (:mod:`sf_trt.prefix_cache`,
+    when the executor has one); None keeps it private.
     ``stop`` (strings, matched on the decoded text; needs a tokenizer) and
     ``stop_token_ids`` end the output with ``Finish.STOP``; ``logprobs`` asks for each
     token's logprob and that many alternatives (None: none); ``prompt_logprobs`` the

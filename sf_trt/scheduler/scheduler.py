@@ -147,8 +147,14 @@ class Scheduler:
         while self.waiting and len(self.running) < room:
             seq = self.waiting.popleft()
             r = seq.request
+            # start from the longest prefix the cache holds for the request's scope; prefill the rest
+            # (all of it for prompt logprobs, which score every prompt position in the prefill)
+            if self.executor.prefix_cache is not None:
+                held = 0 if r.prompt_logprobs is not None else self.executor.cached_prefix(seq.prompt_id, r.draft_scope)
+                seq.cached_len = seq.prefilled_len = held
             plan.admit(seq.seq_id, seq.prompt_id, strategy_slot=self._slot(r), sampling=r.sampling, params=r.params,
-                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope, prompt_logprobs=r.prompt_logprobs)
+                       rng_counter_base=r.seed, logprobs=r.logprobs, draft_scope=r.draft_scope, cached_len=seq.prefilled_len,
+                       prompt_logprobs=r.prompt_logprobs)
             seq.admitted, seq.admitted_at = True, now
             self.running[seq.seq_id] = seq
         budget = self.config.prefill_budget

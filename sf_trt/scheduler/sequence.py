@@ -49,6 +49,9 @@ class Sequence:
         self.prompt_len = prompt_len
         self.prompt_id = 0  # the executor's, while registered
         self.prefilled_len = 0
+        self.cached_len: Optional[int] = None
+        """Prompt positions taken from the prefix cache at admission, not prefilled (None:
+        the executor keeps no prefix cache)."""
         self.admitted = False
         self.tokens: list[int] = []
         self.finish = Finish.NONE
@@ -202,7 +205,7 @@ class Sequence:
         return RequestOutput(
             self.seq_id, tokens, text, logprobs, finish, self.stop_reason, self.error, self.prompt_len, len(self.tokens),
             self.proposed, self.accepted, self.drafts, self.passes, self.arrival, self.admitted_at, self.first_token_at,
-            self.finished_at, prompt_lp,
+            self.finished_at, prompt_lp, self.cached_len,
         )
 
     def end(self, finish: Finish, now: float, error: Optional[str] = None) -> Update:

@@ -49,9 +49,11 @@ class ServerMetrics:
         self.drafts = counter("spec_decode_num_drafts", "Verify passes that carried a draft.")
         self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens sent for verification.")
         self.accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens verified and emitted.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prefix cache queries, in prompt tokens (of finished requests, while the cache is on).")
+        self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in prompt tokens taken from the cache.")
         self._labels = {"model_name": model_name, **extra}
         for series in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.disconnects,
-                       self.drafts, self.draft_tokens, self.accepted_tokens):
+                       self.drafts, self.draft_tokens, self.accepted_tokens, self.prefix_queries, self.prefix_hits):
             series.labels(**self._labels)  # present (at 0) from the start, so a server that served nothing shows
 
     # -- LoopObserver (called on the engine loop's thread) ----------------------------------------
@@ -73,6 +75,9 @@ class ServerMetrics:
         self.drafts.labels(**m).inc(out.drafts)
         self.draft_tokens.labels(**m).inc(out.proposed)
         self.accepted_tokens.labels(**m).inc(out.accepted)
+        if out.cached_tokens is not None:
+            self.prefix_queries.labels(**m).inc(out.prompt_tokens)
+            self.prefix_hits.labels(**m).inc(out.cached_tokens)
 
     def on_state(self, running: int, waiting: int) -> None:
         self.running.labels(**self._labels).set(running)

@@ -27,7 +27,20 @@ def _usage(job: Job) -> dict:
         "num_draft_tokens": sum(c.last.proposed for c in job.choices if c.last),
         "num_accepted_tokens": sum(c.last.accepted for c in job.choices if c.last),
     }
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "sf_trt": spec}
+    return {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": _cached_tokens(job)}, "sf_trt": spec,
+    }
+
+
+def _cached_tokens(job: Job) -> int:
+    """Prompt tokens taken from the prefix cache, each prompt counted once (as ``prompt_tokens``):
+    the fewest of its choices took (choices admitted together cannot share what none has saved)."""
+    fewest: dict[int, int] = {}
+    for c in job.choices:
+        cached = (c.last.cached_tokens or 0) if c.last is not None else 0
+        fewest[c.prompt_index] = min(fewest.get(c.prompt_index, cached), cached)
+    return sum(fewest.values())
 
 
 def _token_str(tok: Any, token: int) -> str:

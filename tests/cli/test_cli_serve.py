@@ -105,3 +105,33 @@ def test_serve_with_no_model_flags_serves_the_default_model(real_int8_model_dir)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_the_prefix_cache_flag_reaches_the_engine_and_a_backend_that_cannot_hold_it_runs_without(monkeypatch, caplog):
+    """--prefix-cache-mb travels in the ServeConfig (what a Ray replica receives) to the executor."""
+    import dataclasses
+
+    from sf_trt.cli import build_parser
+    from sf_trt.cli.serve_state import serve_config
+    from sf_trt.entrypoints import serving
+
+    args = build_parser().parse_args(["serve", "--backend", "fake", "--prefix-cache-mb", "8"])
+    config = serve_config(args)
+    assert config.loop.executor.prefix_cache_mb == 8
+    engine = serving.server_state(config)[1]()[0]
+    assert engine.executor.prefix_cache.budget_bytes == 8 << 20
+    default = serve_config(build_parser().parse_args(["serve", "--backend", "fake"]))
+    assert serving.server_state(default)[1]()[0].executor.prefix_cache.budget_bytes == 1024 << 20
+
+    opened = serving.open_served
+
+    def without_state_io(c):
+        prims, tokenizer, max_context = opened(c)
+        prims.capabilities = dataclasses.replace(prims.capabilities, state_bytes_per_token=0)
+        return prims, tokenizer, max_context
+
+    monkeypatch.setattr(serving, "open_served", without_state_io)
+    with caplog.at_level("WARNING", logger="sf_trt.serve"):
+        engine = serving.server_state(config)[1]()[0]
+    assert engine.executor.prefix_cache is None
+    assert "no prefix cache: FakePrimitives cannot save or load its state (--prefix-cache-mb 8 ignored)" in caplog.text

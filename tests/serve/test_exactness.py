@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from sf_trt.engine_loop import LoopConfig
+from sf_trt.executor import ExecutorConfig
 from sf_trt.scheduler import DraftPolicy, SchedulerConfig
 
 from servers import SlowFake, FAKE, live_server
@@ -110,10 +111,14 @@ def test_sixteen_concurrent_mixed_requests_each_answer_what_they_answer_alone():
     cfg = FAKE.__class__(**{**FAKE.__dict__, "max_lanes": 6})  # more requests than lanes: some wait, lanes are reused
     # every speculating lane drafts every tick (the load-aware default sheds drafts at 6 lanes,
     # which would leave how many drafts ran to the timing)
-    with live_server(SlowFake(cfg), config=LoopConfig(scheduler=SchedulerConfig.serving(tick_tokens=5, policy=DraftPolicy()))) as live:
+    # with the prefix cache on, as `sf-trt serve` runs: the requests under load start from what the
+    # ones alone left in it, and must answer the same
+    config = LoopConfig(scheduler=SchedulerConfig.serving(tick_tokens=5, policy=DraftPolicy()), executor=ExecutorConfig(prefix_cache_mb=64))
+    with live_server(SlowFake(cfg), config=config) as live:
         bodies = mixed_requests(16, PROMPTS, 60)
         check_headline(live.url, bodies, cancelled={3, 10, 14}, timeout_s=120)
         assert live.metric("sf_trt:spec_decode_num_accepted_tokens_total") > 0  # drafts were taken under load
+        assert live.metric("sf_trt:prefix_cache_hits_total") > 0  # and prefixes were taken from the cache
 
 
 @pytest.mark.slow
@@ -128,6 +133,8 @@ def test_on_the_real_model_sixteen_concurrent_mixed_requests_answer_what_they_an
         [{"role": "user", "content": "List three colours."}],
         [{"role": "user", "content": "Summarize: The cat sat on the mat. The cat sat on the mat all day long."}],
     ]
-    with live_server(prims, tokenizer=Tokenizer.load(real_int8_model_dir), model_name="smollm2") as live:
+    config = LoopConfig(executor=ExecutorConfig(prefix_cache_mb=64))  # the prefix cache on, as `sf-trt serve` runs
+    with live_server(prims, tokenizer=Tokenizer.load(real_int8_model_dir), model_name="smollm2", config=config) as live:
         check_headline(live.url, mixed_requests(16, chats, 24), cancelled={5, 12}, timeout_s=600)
+        assert live.metric("sf_trt:prefix_cache_hits_total") > 0
     prims.close()

@@ -69,6 +69,11 @@ class TensorRTPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     caller or the manifest's meta. ``max_rows_per_pass`` (the most rows a forward
     call takes) is the caller's, by default the model engine's rows per run: a pass
     with more rows, or a lane with more rows than a run holds, runs as several runs.
+
+    No prefix cache yet (``state_bytes_per_token`` is 0, so ``save_block`` and
+    ``load_prefix`` are refused with ``UNSUPPORTED`` and the executor keeps no cache):
+    the state lives in device buffers, and whether copying blocks of it in and out
+    pays against recomputing them on a GPU is not measured.
     """
 
     def __init__(

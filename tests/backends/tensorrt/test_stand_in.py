@@ -394,6 +394,20 @@ def test_tensorrt_fp16_decoder_is_close_to_the_fp32_stand_in(tmp_path):
         trt_p.close()
 
 
+def test_tensorrt_says_it_cannot_hold_a_prefix_cache():
+    """Until copying blocks of device state in and out is measured against recomputing them."""
+    from sf_trt.executor import Executor, ExecutorConfig
+
+    p = stand_in()
+    assert p.capabilities.state_bytes_per_token == 0
+    with pytest.raises(StatusError, match=r"Executor: prefix_cache_mb 64 asks for a prefix cache, and TensorRTPrimitives cannot save or load state") as err:
+        Executor(p, ExecutorConfig(prefix_cache_mb=64))
+    assert err.value.status == Status.UNSUPPORTED
+    with pytest.raises(StatusError, match=r"load_prefix\(lane=0, 0 blocks of 0 positions\): TensorRTPrimitives cannot save or load state") as err:
+        p.load_prefix(0, [])
+    assert err.value.status == Status.UNSUPPORTED
+
+
 def test_penalized_lanes_on_the_stand_in_draw_what_the_fake_draws():
     """The logit adjustments run before the verify engine (and on the device's copy of the
     logits); a speculating lane with penalties emits what the same lane emits plain."""
