@@ -42,7 +42,10 @@ class GrammarError(ValueError):
 
 
 def _llguidance():
-    import llguidance  # lazy: a process without structured requests never loads it
+    try:
+        import llguidance  # lazy: a process without structured requests never loads it
+    except ImportError:
+        raise GrammarError("structured output needs llguidance: pip install 'sf_trt[serve]' (or llguidance)") from None
 
     return llguidance
 
