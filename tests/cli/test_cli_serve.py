@@ -19,6 +19,7 @@ from cli_run import serve
 
 def test_sigterm_during_load_finishes_or_fails_every_request_and_exits_0():
     proc, url = serve("--max-num-seqs", "4", "--drain-timeout", "1.5", "--max-context", "4096")
+    started: list[int] = []  # the streams whose response began (a loaded machine may take a while to open 12)
     try:
         async def one(client, i):
             body = {"prompt": f"request {i}: abc abc abc", "max_tokens": 40 if i % 2 else 4000, "temperature": 0.7, "seed": i,
@@ -26,6 +27,7 @@ def test_sigterm_during_load_finishes_or_fails_every_request_and_exits_0():
             ends = []
             async with client.stream("POST", "/v1/completions", json=body) as resp:
                 assert resp.status_code == 200
+                started.append(i)
                 event = None
                 async for line in resp.aiter_lines():
                     if line.startswith("event: "):
@@ -45,7 +47,11 @@ def test_sigterm_during_load_finishes_or_fails_every_request_and_exits_0():
         async def main():
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 tasks = [asyncio.create_task(one(client, i)) for i in range(12)]
-                await asyncio.sleep(1.0)  # all admitted or queued, the long ones running
+                deadline = time.monotonic() + 20
+                while len(started) < 12 and time.monotonic() < deadline:  # every stream answered: admitted or queued
+                    await asyncio.sleep(0.05)
+                assert len(started) == 12, f"only {len(started)} of 12 streams started"
+                await asyncio.sleep(0.5)  # the long ones running
                 proc.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.3)
                 # while it drains it still listens: a new request is a 503, not a refused connection
