@@ -9,9 +9,12 @@ context's). Its loglikelihood is the sum of the continuation's prompt logprobs, 
 the executor in the prefill (``prompt_logprobs``, ``prompt_only``): the rows the server's
 ``echo`` + ``logprobs`` + ``max_tokens: 0`` reads. The answer is the argmax (lm-eval's
 ``acc``). With ``--samples`` (the ``samples_<task>_*.jsonl`` of ``lm_eval --log_samples``)
-it compares per choice and per question, and exits 1 on a difference. No torch, no lm-eval::
+it compares per choice and per question; with ``--url`` it also asks a running server
+with lm-eval's own requests (:func:`served_loglikelihoods`: the check without lm-eval).
+It exits 1 on a difference. No torch, no lm-eval::
 
     python tools/lm_eval_check.py --task tools/lm_eval/capitals.yaml --samples out/*/samples_sf_trt_capitals_*.jsonl
+    python tools/lm_eval_check.py --url http://127.0.0.1:8001 --served-model-name smollm2
 """
 
 from __future__ import annotations
@@ -87,6 +90,27 @@ def loglikelihoods(gen: Generator, tok: Any, questions: Sequence[Question]) -> l
     return [[next(it) for _ in q.continuations] for q in questions]
 
 
+def served_loglikelihoods(url: str, model: str, tok: Any, questions: Sequence[Question]) -> list[list[list[float]]]:
+    """As :func:`loglikelihoods`, through a server the way lm-eval's ``local-completions``
+    asks (lm-eval 0.4.13's payload: token-id prompt, ``echo``, ``logprobs: 1``,
+    ``max_tokens: 1``, temperature 0) and reads (``token_logprobs[ctxlen:-1]``: the last is
+    the generated token's). ``url``: the server's root."""
+    import httpx
+
+    out = []
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for q in questions:
+            per = []
+            for cont in q.continuations:
+                ctx, ids = encode_pair(tok, q.context, cont)
+                r = client.post("/v1/completions", json={"model": model, "prompt": ctx + ids, "temperature": 0, "max_tokens": 1,
+                                                         "logprobs": 1, "seed": 1234, "echo": True})
+                r.raise_for_status()
+                per.append(r.json()["choices"][0]["logprobs"]["token_logprobs"][len(ctx):-1])
+            out.append(per)
+    return out
+
+
 def score(questions: Sequence[Question], lls: Sequence[Sequence[Sequence[float]]]) -> list[dict]:
     """Per question: each choice's loglikelihood (the sum, in order, as lm-eval sums the
     JSON's values), the argmax and whether it is the answer."""
@@ -117,6 +141,11 @@ def compare(rows: Sequence[dict], samples: Sequence[dict]) -> dict:
             "max_abs_delta": delta, "differ": differ}
 
 
+def as_samples(rows: Sequence[dict]) -> list[dict]:
+    """:func:`score`'s rows in the shape of lm-eval's logged samples (what :func:`compare` reads)."""
+    return [{"doc_id": r["doc_id"], "filtered_resps": [[x, False] for x in r["loglikelihoods"]], "acc": r["acc"]} for r in rows]
+
+
 def read_samples(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
@@ -126,6 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--task", type=Path, default=ROOT / "tools/lm_eval/capitals.yaml", help="the lm-eval task YAML")
     ap.add_argument("--samples", type=Path, help="lm-eval's samples_<task>_*.jsonl (from --log_samples) to compare with")
     ap.add_argument("--model", default=None, help="a model as sf-trt serve takes it (default: the default model)")
+    ap.add_argument("--url", help="also ask this server (its root: http://127.0.0.1:8000) as lm-eval would, and compare")
+    ap.add_argument("--served-model-name", default="smollm2", help="the model id to send with --url")
     ap.add_argument("--tolerance", type=float, default=0.0, help="the largest |Δ loglikelihood| that still agrees")
     args = ap.parse_args(argv)
 
@@ -133,15 +164,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     questions = load_task(args.task)
     with sf_trt.LLM(args.model, max_num_seqs=4, max_context=512) as llm:
-        rows = score(questions, loglikelihoods(llm.generator, llm.tokenizer, questions))
+        tok = llm.tokenizer
+        rows = score(questions, loglikelihoods(llm.generator, tok, questions))
     for r in rows:
         print(f"doc {r['doc_id']}: pick {r['pick']} acc {r['acc']:.0f} " + " ".join(f"{x:.6f}" for x in r["loglikelihoods"]))
     print(f"direct acc {sum(r['acc'] for r in rows) / len(rows):.4f} over {len(rows)} questions")
-    if args.samples is None:
-        return 0
-    c = compare(rows, read_samples(args.samples))
-    print(f"lm-eval acc {c['acc_lm_eval']:.4f}; max |Δ loglikelihood| {c['max_abs_delta']:.3g}; differing docs {c['differ']}")
-    return 0 if not c["differ"] and c["acc_direct"] == c["acc_lm_eval"] and c["max_abs_delta"] <= args.tolerance else 1
+    checks = []
+    if args.samples is not None:
+        checks.append(("lm-eval", read_samples(args.samples)))
+    if args.url:
+        served = score(questions, served_loglikelihoods(args.url, args.served_model_name, tok, questions))
+        checks.append((args.url, as_samples(served)))
+    ok = True
+    for name, samples in checks:
+        c = compare(rows, samples)
+        print(f"{name}: acc {c['acc_lm_eval']:.4f}; max |Δ loglikelihood| {c['max_abs_delta']:.3g}; differing docs {c['differ']}")
+        ok = ok and not c["differ"] and c["acc_direct"] == c["acc_lm_eval"] and c["max_abs_delta"] <= args.tolerance
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
