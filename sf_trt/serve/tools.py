@@ -41,6 +41,7 @@ import dataclasses
 import json
 import re
 import secrets
+import string
 from typing import Any, Optional
 
 from .errors import ApiError
@@ -178,7 +179,8 @@ def _native_call(call: Any, where: str) -> dict:
     """A history call the transformers way: ``{"type": "function", "function": {"name",
     "arguments": <an object>}}`` (templates write ``arguments | tojson``)."""
     obj = json.loads(_call_text(call, where))
-    return {"type": "function", "function": {"name": obj["name"], "arguments": obj["arguments"]}}
+    out = {"type": "function", "function": {"name": obj["name"], "arguments": obj["arguments"]}}
+    return {"id": call["id"], **out} if isinstance(call.get("id"), str) else out  # Mistral's templates read the id
 
 
 def chat_messages(messages: list[Any], plan: Optional[ToolPlan], native: bool) -> list[dict]:
@@ -303,7 +305,13 @@ def parse_calls(text: str, plan: ToolPlan) -> tuple[str, list[ToolCall]]:
     if not plan.native:
         call = _call_of(_json(text))
         return (text, []) if call is None else ("", [call])
-    return _PARSERS[plan.family](text) or (text, [])
+    content, calls = _PARSERS[plan.family](text) or (text, [])
+    if plan.family.startswith("mistral"):  # its templates want 9 letters and digits as a call's id
+        calls = [dataclasses.replace(c, id="".join(secrets.choice(_ALNUM) for _ in range(9))) for c in calls]
+    return content, calls
+
+
+_ALNUM = string.ascii_letters + string.digits
 
 
 def tool_family(tokenizer: Any) -> Optional[str]:

@@ -34,11 +34,13 @@ LLAMA3_STYLE = (
 
 MISTRAL_STYLE = (
     "{%- for m in messages %}{%- if m.role == 'user' %}{%- if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | map(attribute='function') | map(attribute='name') | list | tojson }}[/AVAILABLE_TOOLS]{%- endif %}"
-    "[INST]{{ m.content }}[/INST]{%- elif m.tool_calls %}[TOOL_CALLS]"
+    "[INST]{{ m.content }}[/INST]{%- elif m.tool_calls %}{%- for c in m.tool_calls if c.id is not defined or c.id | length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endfor %}[TOOL_CALLS]"
     "{{ m.tool_calls | map(attribute='function') | list | tojson }}</s>{%- elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]"
     "{%- else %}{{ m.content }}</s>{%- endif %}{%- endfor %}"
 )
-"""A Mistral v0.3-style template: ``[TOOL_CALLS][{"name", "arguments"}]``."""
+"""A Mistral v0.3-style template: ``[TOOL_CALLS][{"name", "arguments"}]``; like the real one it
+refuses a history call whose id is not 9 characters."""
 
 MISTRAL_ARGS_STYLE = (
     "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | map(attribute='function') | map(attribute='name') | list | tojson }}[/AVAILABLE_TOOLS]{%- endif %}"
@@ -138,7 +140,7 @@ ASK = [{"role": "user", "content": 'Add 1 and 2: {"name":"add","arguments":{"a":
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_calls_in_each_family_validate_and_speculation_keeps_them(family_client, temperature, choice):
-    _, client = family_client
+    family, client = family_client
     got = calls_of(call(client, "prompt-lookup", temperature, messages=ASK, tool_choice=choice, n=3))
     assert calls_of(call(client, "none", temperature, messages=ASK, tool_choice=choice, n=3)) == got
     if isinstance(choice, dict):
@@ -147,22 +149,27 @@ def test_forced_calls_in_each_family_validate_and_speculation_keeps_them(family_
     chunks = [c for ch in stream for c in ch.choices]
     deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
     assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [(0, *got[0])]
+    assert len(deltas[0].id) == 9 if family.startswith("mistral") else deltas[0].id.startswith("call_")
     assert not any(c.delta.content for c in chunks) and chunks[-1].finish_reason == "tool_calls"
 
 
 def test_a_history_with_calls_is_rendered_in_the_family_s_syntax(family_client):
     family, client = family_client
     history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "3"}, {"role": "user", "content": "And Oslo's weather for 3 days?"}]
+        {"id": "a1B2c3D4e", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]},
+        {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "3"}, {"role": "user", "content": "And Oslo's weather for 3 days?"}]
     text = JinjaBytes(STYLES[family]).apply_chat_template(
-        [{**m, "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]} if m["role"] == "assistant" else m
+        [{**m, "tool_calls": [{"id": "a1B2c3D4e", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]} if m["role"] == "assistant" else m
          for m in history], tools=TOOLS)
     assert calls(text[text.index({"llama3": "<|python_tag|>", "mistral": "[TOOL_CALLS]", "mistral_args": "[TOOL_CALLS]"}[family]):]
                  .split("<|eom_id|>")[0].split("</s>")[0], family)[1] == [ADD]
     r = call(client, "prompt-lookup", 0.0, messages=history, max_tokens=120)
     assert r.usage.prompt_tokens == len(text.encode())
     assert calls_of(r) == calls_of(call(client, "none", 0.0, messages=history, max_tokens=120))
+    if family == "mistral":  # the template reads the history's call ids
+        history[1]["tool_calls"][0]["id"] = "call_1"
+        with pytest.raises(openai.BadRequestError, match="length 9"):
+            call(client, "none", 0.0, messages=history, max_tokens=120)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
