@@ -6,7 +6,8 @@ dropped by a decoder that skips special tokens, malformed: all content, no crash
 under ``required`` and named ``tool_choice`` the grammar forces one call in the
 family's own syntax. Through the official openai client, on the fake backend under a
 small Jinja template in each family's style: forced calls parse and validate, the
-same with speculation on and off, greedy and sampled, streamed as one delta.
+same with speculation on and off, greedy and sampled, streamed as one delta; and (slow)
+on the real model's weights and tokenizer under each template.
 """
 
 from __future__ import annotations
@@ -186,3 +187,26 @@ def test_auto_gives_what_the_parser_makes_of_the_raw_output_the_same_with_specul
     content, got = calls(raw, family)
     for m in answers:
         assert (m.content or "", [(t.function.name, t.function.arguments) for t in m.tool_calls or []]) == (content, got)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(STYLES))
+def test_on_the_real_model_each_family_s_forced_calls_validate_and_speculation_keeps_them(real_model_dir, real_tokenizer, family):
+    """SmolLM2's weights and tokenizer under each family's template: forced calls, required
+    and named, greedy and sampled, parse and validate, the same with speculation on and off;
+    ``auto`` answers whatever the model writes, parsed in the family's format."""
+    from servers import live_server
+
+    from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
+    from sf_trt.tokenizer import Tokenizer
+
+    tok = Tokenizer(real_tokenizer._hf, bos=real_tokenizer.bos, eos=real_tokenizer.eos, chat_template=STYLES[family])
+    with OrtDecoderPrimitives(real_model_dir, max_lanes=4, max_context=1024, threads=2) as prims, \
+            live_server(prims, tokenizer=tok) as live, \
+            openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", timeout=300, max_retries=0) as client:
+        asks = [{"role": "user", "content": "What is the weather in Paris for the next 2 days?"}]
+        for temperature, choice in ((0.0, "required"), (0.8, {"type": "function", "function": {"name": "add"}})):
+            got = calls_of(call(client, "prompt-lookup", temperature, messages=asks, tool_choice=choice, max_tokens=80))
+            assert calls_of(call(client, "none", temperature, messages=asks, tool_choice=choice, max_tokens=80)) == got
+        auto = client.chat.completions.create(model="fake", messages=asks, tools=TOOLS, max_tokens=60, temperature=0)
+        assert auto.choices[0].finish_reason in ("tool_calls", "stop", "length")
