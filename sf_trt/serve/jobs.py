@@ -30,7 +30,7 @@ from .errors import ApiError, refusal
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .state import ServerState
 from .structured import request_grammar
-from .tools import ToolPlan, chat_messages, has_tool_support, tool_plan
+from .tools import ToolPlan, chat_messages, tool_family, tool_plan
 
 __all__ = ["Choice", "Job", "draft_scope", "submit_job", "abort_job", "job_outputs", "collect_job", "take_output",
            "encode_text", "encode_messages", "check_model", "COMPLETION_MAX_TOKENS"]
@@ -101,8 +101,9 @@ class Job:
             raise ApiError(400, "BadRequestError", "top_logprobs needs logprobs: true", "top_logprobs")
         if body.max_tokens == 0:
             raise ApiError(400, "BadRequestError", "max_tokens: 0 generates nothing; to score a prompt use /v1/completions with echo and logprobs", "max_tokens")
-        native = has_tool_support(state.tokenizer)
-        tools = tool_plan(body.tools, body.tool_choice, native)
+        family = tool_family(state.tokenizer)
+        native = family is not None
+        tools = tool_plan(body.tools, body.tool_choice, family)
         ids = encode_messages(state, chat_messages(body.messages, tools, native), tools=list(tools.tools) if tools and tools.native else None)
         k = (body.top_logprobs or 0) if body.logprobs else None
         # chat has no echo: its prompt text is never sent back
