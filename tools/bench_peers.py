@@ -15,8 +15,8 @@ bench prompts (``tools/prompts/bench.jsonl``), with each peer of ``--peers``:
   the GGUF goes through transformers' dequantization to an HF checkpoint first:
   the same weights HF runs. Built once (docs/benchmarks.md has the commands)::
 
-      /work/venvs/genai/bin/python tools/bench_peers.py --export-hf HF_DIR
-      /work/venvs/genai/bin/python -m onnxruntime_genai.models.builder -i HF_DIR -o GENAI_DIR -p int4 -e cpu
+      genai-venv/bin/python tools/bench_peers.py --export-hf HF_DIR
+      genai-venv/bin/python -m onnxruntime_genai.models.builder -i HF_DIR -o GENAI_DIR -p int4 -e cpu
 
   Its threads always spin between ops (its session options have no setting for it).
 
