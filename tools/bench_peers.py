@@ -72,11 +72,11 @@ is printed as a fraction of bandwidth / bytes per token, and the JSON has ``"lim
 The peers are not sf_trt dependencies: install them in a separate environment,
 e.g.::
 
-    python3 -m venv /work/peers-venv
-    /work/peers-venv/bin/pip install torch==2.13.0    # the CPU build
-    /work/peers-venv/bin/pip install transformers accelerate gguf numpy
-    /work/peers-venv/bin/pip install llama-cpp-python  # builds llama.cpp from source (~30 min on 2 cores)
-    /work/peers-venv/bin/python tools/bench_peers.py --threads 2
+    python3 -m venv peers-venv
+    peers-venv/bin/pip install torch==2.13.0    # the CPU build
+    peers-venv/bin/pip install transformers accelerate gguf numpy
+    peers-venv/bin/pip install llama-cpp-python  # builds llama.cpp from source (~30 min on 2 cores)
+    peers-venv/bin/python tools/bench_peers.py --threads 2
 
 A peer whose packages are missing is left out with a note (``--peers`` names the
 ones to run); none left is exit 2.
@@ -234,11 +234,11 @@ def missing_packages(peer) -> list[str]:
 
 INSTALL_HINT = (
     "The peers are not sf_trt dependencies; install them in a separate environment, e.g.\n"
-    "    python3 -m venv /work/peers-venv\n"
-    "    /work/peers-venv/bin/pip install torch==2.13.0 transformers accelerate gguf numpy   # hf\n"
-    "    /work/peers-venv/bin/pip install llama-cpp-python                                   # llama.cpp (builds from source)\n"
-    "    /work/peers-venv/bin/pip install onnxruntime-genai onnx_ir accelerate               # genai (and --genai-model DIR)\n"
-    "and run this with that interpreter: /work/peers-venv/bin/python tools/bench_peers.py ..."
+    "    python3 -m venv peers-venv\n"
+    "    peers-venv/bin/pip install torch==2.13.0 transformers accelerate gguf numpy   # hf\n"
+    "    peers-venv/bin/pip install llama-cpp-python                                   # llama.cpp (builds from source)\n"
+    "    peers-venv/bin/pip install onnxruntime-genai onnx_ir accelerate               # genai (and --genai-model DIR)\n"
+    "and run this with that interpreter: peers-venv/bin/python tools/bench_peers.py ..."
 )
 
 
