@@ -134,7 +134,8 @@ def test_processes_sharing_the_cache_export_the_default_model_once(tmp_path):
 
 
 def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path):
-    """Once a ValueError traceback: an ffn of 100 cannot be held in Q4_1 blocks of 32."""
+    """Once a ValueError traceback: an ffn of 100 cannot be held in 4-bit blocks of 32. The one line
+    names the matrix, its shape and the block."""
     from cli_run import sf_trt
     from tiny_gguf import write_tiny_gguf
 
@@ -143,6 +144,6 @@ def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_pat
                   env={"SF_TRT_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "sf-trt: --weights q4: ffn 100 not a multiple of 32, so Q4_1 blocks cannot hold the matrices (use --weights int8 or float32)"
+        "sf-trt: --weights q4: the input dim (the last) of blk.*.ffn_down.weight [64, 100] is not a multiple of the 4-bit block 32 (use --weights int8 or float32)"
     )
     assert not (tmp_path / "m").exists()
