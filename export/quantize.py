@@ -264,20 +264,22 @@ def four_bit(weights: LlamaWeights, keys: list[str], parts: list[np.ndarray]) ->
     return NBitsMatrix.concat(out)
 
 
-def requantization_error(weights: LlamaWeights) -> dict[str, tuple[str, float, float]]:
-    """Per layer matrix of ``weights``: ``(how weights="q4" holds it, max abs error, RMS error)`` of
-    its 4-bit values against the float32 values (a GGUF's dequantized blocks). Carried blocks
-    (Q4_0, Q4_1, Q4_K) differ only by float32 rounding."""
+def requantization_error(weights: LlamaWeights, layers: int | None = None) -> dict[str, tuple[bool, float, float, float]]:
+    """Per layer matrix of ``weights`` (the first ``layers``): ``(carried, max abs error, RMS error,
+    RMS of the weights)`` of the values ``weights="q4"`` computes with against the float32 values
+    (a GGUF's dequantized blocks). Carried blocks (Q4_0, Q4_1, Q4_K) differ only by float32
+    rounding; the rest are requantized (:func:`requantize_4bit`)."""
     report = {}
-    for i, layer in enumerate(weights.layers):
+    for i, layer in enumerate(weights.layers[:layers]):
         for m in _MATS:
             key = f"layers.{i}.{m}"
             w = np.asarray(getattr(layer, m), dtype=np.float32)
             found = weights.blocks.get(key)
-            kind = found[0] if found is not None else "float"
-            held = "carried" if CARRIED_KINDS.get(kind) == 4 else "requantized"
             err = four_bit(weights, [key], [w]).dequantize().astype(np.float64) - w
-            report[key] = (f"{kind} {held}", float(np.abs(err).max()), float(np.sqrt(np.mean(err * err))))
+            report[key] = (
+                found is not None and CARRIED_KINDS.get(found[0]) == 4, float(np.abs(err).max()),
+                float(np.sqrt(np.mean(err * err))), float(np.sqrt(np.mean(np.square(w, dtype=np.float64)))),
+            )
     return report
 
 
