@@ -87,12 +87,14 @@ lane's rows (capped at the trash slot ``S - 1``), which raises ``E`` by at most 
 pass's rows per lane. The ``slots`` form (TensorRT's engines, one fixed shape) reads ``S`` keys.
 
 Weights (``weight_dtype``): ``"float32"`` (the GGUF dequantized), ``"int8"`` (per-channel
-int8, ``DequantizeLinear``) or ``"q4"``: the GGUF's own Q4_1 blocks in onnxruntime's
-contrib ``MatMulNBits`` (4-bit values, a float32 scale per block of 32, int8 compute at
-accuracy level 4); Q4_1's per-block offsets ``m`` enter as each block's input sum times
-``m + 8 d``, the block sums coming out of the same ``MatMulNBits`` (indicator rows), and
-the tied embedding and lm_head are the GGUF's Q8_0 blocks (an 8-bit ``MatMulNBits``). No
-weight is requantized. A q4 graph runs on onnxruntime only.
+int8, ``DequantizeLinear``) or ``"q4"``: every layer matrix in 4 bits per block of 32 in
+onnxruntime's contrib ``MatMulNBits`` (a float32 scale per block, int8 compute at accuracy
+level 4), one per matrix. The GGUF's own Q4_0, Q4_1 and Q4_K blocks go in as they are
+(:mod:`sf_trt.export.quantize`); Q4_1's and Q4_K's per-block offsets enter as each block's
+input sum times the offset, the block sums coming out of the same ``MatMulNBits`` (indicator
+rows). Other matrices are requantized with a uint8 zero point per block, which ``MatMulNBits``
+takes as an input. The embedding and lm_head are Q8_0 blocks (the GGUF's own, or quantized to
+Q8_0; an 8-bit ``MatMulNBits``). A q4 graph runs on onnxruntime only.
 
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:

@@ -1,15 +1,20 @@
-"""Weight quantization for the decoder graph: symmetric int8 per output channel, and
-the GGUF's own 4-bit (Q4_1) and 8-bit (Q8_0) blocks as onnxruntime's ``MatMulNBits`` takes them.
+"""Weight quantization for the decoder graph: symmetric int8 per output channel, and 4-bit (and
+8-bit) blocks as onnxruntime's ``MatMulNBits`` takes them, from a GGUF's own blocks where it can.
 
-:class:`GgmlBlocks` is a matrix ``[out, in]`` kept in GGML's blocks of 32 along ``in``,
-byte for byte as a GGUF stores it (``raw``): Q4_1 holds per block a float16 scale ``d``, a
-float16 offset ``m`` and 32 four-bit values ``q`` (``w = d * q + m``); Q8_0 a float16 scale
-and 32 int8 values (``w = d * q``). :meth:`GgmlBlocks.nbits` rewrites them, without
-rounding anything, into ``MatMulNBits`` operands: the same 4- or 8-bit values (nibbles
-reordered), the same scales, and for Q4_1 the offsets as a small float32 matrix the graph
-applies to each block's sum of inputs (``MatMulNBits`` can carry a non-integer offset only
-as a float zero point, which sends onnxruntime's CPU kernel to a path that dequantizes the
-whole matrix on every run: measured 30x slower when this export was built).
+:class:`GgmlBlocks` is a matrix ``[out, in]`` kept in GGML's blocks along ``in``, byte for byte as
+a GGUF stores it (``raw``). Q4_0 holds per block of 32 a float16 scale ``d`` and 32 four-bit
+values ``q`` (``w = d * (q - 8)``); Q4_1 a scale ``d``, a float16 offset ``m`` and 32 four-bit values
+(``w = d * q + m``); Q4_K, per super-block of 256, float16 ``d`` and ``dmin`` and per sub-block of 32
+a 6-bit scale ``sc`` and min ``mn`` (``w = d sc q - dmin mn``); Q8_0 a scale and 32 int8 values
+(``w = d * q``). :meth:`GgmlBlocks.nbits` rewrites them, without rounding any value to another
+grid, into an :class:`NBitsMatrix` (``w = scale * (q - zero) + offset`` per block of 32): the same
+4- or 8-bit values (nibbles reordered), the same scales (Q4_K's ``d * sc``, exact in float32), and
+for Q4_1 and Q4_K an offset per block that the graph applies to each block's sum of inputs.
+
+Every other matrix (Q5_0, Q5_1, Q5_K, Q6_K and, for the layer matrices, Q8_0; F16, F32, and a
+checkpoint's weights) ``weights="q4"`` requantizes from its float32 values (:func:`requantize_4bit`:
+4 bits per block of 32, asymmetric, a uint8 zero point), so each matrix is one ``MatMulNBits``.
+``tools/q4_error.py`` prints, per GGUF type, how far that holds a file's matrices from its values.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 from .gguf_llama import LlamaWeights
 
 __all__ = [
-    "quantize_int8", "int8_weights", "GgmlBlocks", "NBitsMatrix", "BLOCK", "CARRIED_KINDS", "NBITS_KINDS", "four_bit",
+    "quantize_int8", "int8_weights", "GgmlBlocks", "NBitsMatrix", "BLOCK", "CARRIED_KINDS", "four_bit",
     "requantize_4bit", "requantization_error", "q4_weights",
 ]
 
@@ -30,13 +35,9 @@ BLOCK = 32
 matrix's input dim."""
 CARRIED_KINDS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 8}
 """The GGML block types carried into ``MatMulNBits`` losslessly, and their bits."""
-NBITS_KINDS = CARRIED_KINDS
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 """Bytes per GGML block (32 weights; 256 for the K-quants) of the types a GGUF's matrices are kept in."""
 _BLOCK_WEIGHTS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
-REQUANTIZED_KINDS = ("Q5_0", "Q5_1", "Q5_K", "Q6_K")
-"""GGML block types kept (:attr:`LlamaWeights.blocks`) but not 4-bit: ``weights="q4"`` requantizes
-them (:func:`requantize_4bit`), as it does float matrices and Q8_0 layer matrices."""
 
 
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
