@@ -223,10 +223,6 @@ def build_decoder_graph(
 KEY_INDEX = "key_idx"
 """The tensor of key positions attention reads, ``[S]`` (``[E]`` in the pass form): named so that
 :func:`pass_form` can replace it."""
-KEY_BLOCK = 64
-"""The pass form reads keys ``0 .. E - 1``, ``E`` the pass's largest position + 1 rounded up to a
-multiple of this (at most ``S``): a multiple of every vector width onnxruntime's CPU kernels step by
-(module docstring, *Key extent*)."""
 
 DECODER_MAX_LANES = 2**16
 """The lane count the decoder graph states as its bound when ``max_lanes`` is not fixed."""
@@ -600,9 +596,11 @@ def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs, precision) -> tu
 
 def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the caches of the
-    pass's lanes as inputs, and attention over the pass's key extent only (module docstring,
-    *Key extent*): each cache is sliced to its first ``E`` positions where the slots form gathers
-    its lanes, and the key index is ``0 .. E - 1``. One more output
+    pass's lanes as inputs, read whole: their length ``E`` (the ``cache_len`` dim, symbolic) is
+    the pass's key extent, which the runtime chooses (module docstring, *Key extent*), and the
+    key index is ``0 .. E - 1`` from the bound cache's shape. Where the slots form gathers its
+    lanes the pass form reads the input itself, so each layer copies its lanes' caches once
+    (ScatterND's output), not twice. One more output
     (:data:`~sf_trt.formats.model_dir.PASS_OUTPUTS`): each logit row's greedy token, so a greedy
     step needs no second run. (Not its largest value: onnxruntime's ``ReduceMax`` passes over a
     NaN, which the row check must see.)
@@ -614,30 +612,34 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     if "lane_ids" not in {i.name for i in graph.input}:
         raise ValueError("pass_form: the graph has no lane_ids input (already the pass form?)")
     caches = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
-    gathers = {n.output[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
+    # each gather of a cache's lanes -> the cache input itself
+    renamed = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
     out = onnx.ModelProto()
     out.ir_version, out.producer_name = model.ir_version, model.producer_name
     out.opset_import.extend(model.opset_import)
     g = out.graph
     g.name = graph.name
-    g.initializer.extend(t for t in graph.initializer if t.name != KEY_INDEX)
-    g.node.extend(_key_extent_nodes(next(iter(sorted(caches)))))
+    nodes = _key_index_nodes(min(caches))
     for node in graph.node:
-        if node.output[0] == KEY_INDEX:
+        if node.output[0] == KEY_INDEX or node.output[0] in renamed:
             continue
-        new = g.node.add()
-        if node.output[0] in gathers:  # lanes' caches -> the pass's caches up to the key extent
-            new.CopyFrom(helper.make_node("Slice", [node.input[0], "pass_zero1", "key_extent_1", "pass_axis2"], [node.output[0]], name=node.name))
-        else:
-            new.CopyFrom(node)
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.input[:] = [renamed.get(name, name) for name in node.input]
+        nodes.append(new)
+    g.node.extend(_live(nodes, [o.name for o in graph.output]))
+    used = {name for node in g.node for name in node.input}
+    g.initializer.extend(t for t in graph.initializer if t.name in used and t.name != KEY_INDEX)
     for vi in graph.input:
         if vi.name == "lane_ids":
             continue
         new = g.input.add()
         new.CopyFrom(vi)
-        if vi.name in caches:
-            new.type.tensor_type.shape.dim[0].Clear()
-            new.type.tensor_type.shape.dim[0].dim_param = "batch"
+        if vi.name in caches:  # [batch, nkv, cache_len, hd]: the pass's lanes, at the pass's extent
+            dims = new.type.tensor_type.shape.dim
+            for axis, name in ((0, "batch"), (2, "cache_len")):
+                dims[axis].Clear()
+                dims[axis].dim_param = name
     g.output.extend(graph.output)
     (greedy,) = PASS_OUTPUTS  # what a greedy sampler computes, in the same run
     g.node.append(helper.make_node("ArgMax", [OUTPUTS[0]], [greedy], name=greedy, axis=1, keepdims=0, select_last_index=0))
@@ -646,23 +648,25 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _key_extent_nodes(cache: str) -> list[onnx.NodeProto]:
-    """``E = min(S, (max(positions) + KEY_BLOCK) div KEY_BLOCK * KEY_BLOCK)`` (``S`` the cache
-    input's length), ``key_extent_1 = [E]``, and ``key_idx = 0 .. E - 1``; integers below ``S``."""
+def _key_index_nodes(cache: str) -> list[onnx.NodeProto]:
+    """``key_idx = 0 .. E - 1``, ``E`` the length (axis 2) of the cache input ``cache``."""
     def const(name: str, value) -> onnx.NodeProto:
         return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
 
     make = helper.make_node
     return [
-        const("pass_zero", 0), const("pass_one", 1), const("pass_block", KEY_BLOCK), const("pass_zero1", [0]),
-        const("pass_axis2", [2]), const("pass_two", 2),
+        const("pass_zero", 0), const("pass_one", 1), const("pass_two", 2),
         make("Shape", [cache], ["pass_cache_shape"], name="pass_cache_shape"),
-        make("Gather", ["pass_cache_shape", "pass_two"], ["pass_cache_len"], name="pass_cache_len", axis=0),  # S
-        make("ReduceMax", ["positions"], ["pass_last"], name="pass_last", keepdims=0),
-        make("Add", ["pass_last", "pass_block"], ["pass_last_up"], name="pass_last_up"),
-        make("Div", ["pass_last_up", "pass_block"], ["pass_blocks"], name="pass_blocks"),
-        make("Mul", ["pass_blocks", "pass_block"], ["pass_blocked"], name="pass_blocked"),
-        make("Min", ["pass_blocked", "pass_cache_len"], ["key_extent"], name="key_extent"),
-        make("Unsqueeze", ["key_extent", "pass_zero1"], ["key_extent_1"], name="key_extent_1"),
+        make("Gather", ["pass_cache_shape", "pass_two"], ["key_extent"], name="key_extent", axis=0),  # E
         make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),
     ]
+
+
+def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
+    """``nodes`` (in order) less those no graph output depends on."""
+    needed, live = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(node.input)
+    return live[::-1]

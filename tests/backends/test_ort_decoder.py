@@ -184,18 +184,18 @@ def test_intra_op_threads_sleep_by_default_and_spinning_changes_no_bits(tiny_mod
     assert np.array_equal(bits(got[False]), bits(got[True]))
 
 
-def _pages_of(array: np.ndarray) -> dict[str, int]:
+def _pages_of(arrays: list[np.ndarray]) -> dict[str, int]:
     """/proc/self/smaps' ``Rss`` and ``AnonHugePages`` (kB) summed over the mappings that hold
-    ``array``'s bytes (a madvise of part of a mapping splits it), and ``THPeligible`` (any)."""
-    lo = array.__array_interface__["data"][0]
-    hi = lo + array.nbytes
+    the bytes of ``arrays`` (a madvise of part of a mapping splits it; the kernel merges
+    neighbouring ones), each mapping once, and ``THPeligible`` (any)."""
+    spans = [(a.__array_interface__["data"][0], a.__array_interface__["data"][0] + a.nbytes) for a in arrays]
     sums, inside = {"Rss": 0, "AnonHugePages": 0, "THPeligible": 0}, False
     with open("/proc/self/smaps", encoding="ascii") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
                 start, end = (int(x, 16) for x in head.split("-"))
-                inside = start < hi and lo < end
+                inside = any(start < hi and lo < end for lo, hi in spans)
             elif inside and head[:-1] in sums:
                 value = int(line.split()[1])
                 sums[head[:-1]] = max(sums[head[:-1]], value) if head == "THPeligible:" else sums[head[:-1]] + value
@@ -206,12 +206,17 @@ def _pages_of(array: np.ndarray) -> dict[str, int]:
 def test_the_kv_cache_is_committed_only_where_positions_are_written(tiny_model_dir):
     """The cache is allocated in small pages, never transparent huge pages: with them a lane's
     first prefill zeroed its whole window (1-5 s at 8192 positions on the real model, issue 23)
-    and the RSS grew by the window. 64 lanes of 512 positions (8 MiB per array), 10 positions
-    of one lane written: a few pages resident, not megabytes."""
+    and the RSS grew by the window. The arrays grow to the positions the lanes need, in the same
+    small pages: 64 lanes, one lane of 500 positions (the arrays grown to 512, 4 MiB per layer's
+    K or V), one of 10: a few pages per (layer, lane, head) row written, not megabytes."""
+    rng = np.random.default_rng(3)
     with OrtDecoderPrimitives(tiny_model_dir, max_lanes=64, max_context=512, threads=1) as p:
         p.forward(rows(0, 0, SEQ[:10]))
-        for cache in (p._keys, p._values):
-            pages = _pages_of(cache)
-            assert cache.nbytes >= 8 << 20
-            assert pages == {"Rss": pages["Rss"], "AnonHugePages": 0, "THPeligible": 0}
-            assert pages["Rss"] <= 256  # kB: 2 layers x 2 heads x a page or two
+        p.forward(rows(1, 0, rng.integers(0, 256, 500)))
+        assert p.cache_resizes == 2  # 64 positions, then 512
+        caches = p._keys + p._values
+        assert all(cache.nbytes >= 4 << 20 for cache in caches)
+        pages = _pages_of(caches)
+        assert pages == {"Rss": pages["Rss"], "AnonHugePages": 0, "THPeligible": 0}
+        # kB: per layer's K or V 2 heads x (32 KiB of lane 1 + a page of lane 0), a page or two more
+        assert pages["Rss"] <= 96 * len(caches)
