@@ -30,16 +30,19 @@ cache slots, ``S = max_context + 1``; ``C`` the compute type, see *Precision*)::
     lane_ids     int64 [B]         cache slot of each lane of the pass
     logit_index  int64 [K]         flat rows b * T + t whose logits are wanted
     past_key_i   C [L, n_kv_heads, S, head_dim]   (one pair per layer i;
-    past_value_i C [L, n_kv_heads, S, head_dim]    read only)
+    past_value_i C [L, n_kv_heads, S, head_dim]    read only; the pass form:
+                                                  [B, n_kv_heads, E, head_dim])
 
 That is the ``"slots"`` form (the default, and what TensorRT engines are built
 from: the caches stay bound whole, the graph gathers the pass's lanes). The
 ``"pass"`` form (:func:`pass_form`) drops ``lane_ids`` and takes the pass's
-lanes' caches directly, ``past_key_i [B, n_kv_heads, S, head_dim]``, lane b's at
-b. onnxruntime's CPU ScatterND always copies its input (its kernel is not
+lanes' caches directly, ``past_key_i [B, n_kv_heads, E, head_dim]``, lane b's at
+b, ``E`` (the dim ``cache_len``) the pass's key extent (*Key extent*), and reads
+them whole. onnxruntime's CPU ScatterND always copies its input (its kernel is not
 declared in-place), so on the CPU the gathered form costs two copies of every
-lane's cache per layer and the pass form one; the onnxruntime backend runs the
-pass form over zero-copy views of the host cache. A model directory holds both
+lane's cache per layer and the pass form one, ScatterND's; the onnxruntime backend
+runs the pass form over zero-copy views of its host cache, which it holds at the
+extent its lanes need. A model directory holds both
 (``decoder.onnx``, ``decoder_pass.onnx``), sharing one weight file.
 
 Outputs::
@@ -71,9 +74,14 @@ probabilities are cast to ``C`` for the ``PV`` matmul) and the logits. With
 ``precision="fp32"`` there is no ``Cast`` at all. ``weight_dtype="int8"`` keeps
 ``DequantizeLinear`` (to float32) and casts its output to ``C``.
 
-Key extent. The pass form (the graph onnxruntime runs) reads keys ``0 .. E - 1`` only,
-``E`` the pass's largest position plus one rounded up to :data:`KEY_BLOCK` (64), at most
-``S``: a pass costs what its positions need, not the window. A row at position ``p``
+Key extent. The pass form (the graph onnxruntime runs) reads keys ``0 .. E - 1``, ``E``
+the length of the caches bound to it, which the runtime chooses:
+:mod:`sf_trt.backends.ort_decoder` binds its lanes' caches at the pass's largest position
+plus one rounded up to its ``KEY_BLOCK`` (64), at most ``S`` (or at the length its host
+arrays hold, when that is less than twice as long), so a pass costs what its positions need,
+not the window, and the graph copies nothing to get there. (Until model-directory format 12
+the graph sliced ``E`` out of caches bound at ``S``: a second copy per layer.) Every
+position the pass writes must lie below ``E``. A row at position ``p``
 reads the same keys ``0 .. p`` whatever ``E`` is; the keys from ``p + 1`` to ``E - 1``
 get ``-inf``, so their softmax weights are exactly 0 and their products in the ``PV``
 matmul exactly 0, and adding an exact 0 changes no partial sum. What could change a
@@ -81,10 +89,15 @@ row's bits is where its real keys fall in the kernels' vector loops: they start 
 0 for every ``E``, and ``E`` is a multiple of every vector width onnxruntime's CPU
 kernels step by, so the real keys take the vector path at every extent
 (``tests/backends/test_row_independence.py``: extents from 64 to the whole window, the
-tiny model at two optimization levels and 1/2 threads, and the real model). Padding
-rows count too: the onnxruntime backend puts them at the positions right after their
+tiny model at two optimization levels and 1/2 threads, and the real model;
+``tests/backends/test_ort_decoder.py``: the host arrays grown and shrunk mid-conversation).
+Padding rows count too: the onnxruntime backend puts them at the positions right after their
 lane's rows (capped at the trash slot ``S - 1``), which raises ``E`` by at most the
 pass's rows per lane. The ``slots`` form (TensorRT's engines, one fixed shape) reads ``S`` keys.
+Tried for the copy ScatterND still makes, and dropped: onnxruntime's ``GroupQueryAttention``
+(writes a shared cache buffer, but refuses passes of several lanes with several rows each, and
+its one-row path is not row-exact: MLAS takes another path at M == 1) and opset 23's
+``Attention`` (bit-identical, not faster).
 
 Weights (``weight_dtype``): ``"float32"`` (the GGUF dequantized), ``"int8"`` (per-channel
 int8, ``DequantizeLinear``) or ``"q4"``: the GGUF's own Q4_1 blocks in onnxruntime's
@@ -112,7 +125,7 @@ Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
 ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
 Tanh with a GELU gate; Sub and Greater with a sliding window;
-DequantizeLinear with int8 weights; Cast below fp32; ArgMax, ReduceMax and Slice in the
+DequantizeLinear with int8 weights; Cast below fp32; ArgMax and Constant in the
 pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 weights.
 """
 

@@ -5,20 +5,31 @@ built by ``sf_trt.export.decoder_graph``, whose docstring says why every row of
 a pass comes out bit-identical whatever else shares the pass. This module packs the protocol's flat rows into the graph's ``[B, T]``
 layout and keeps the KV cache on the host:
 
-* the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
-  max_context + 1, head_dim]`` of the decoder's compute type (float32, or float16 for
-  an fp16 export; position ``max_context`` of each lane is
-  the trash slot padding rows write to), allocated once, in small pages that are committed
-  as positions are first written (:func:`lazy_zeros`). Each lane slot's cache
-  lives in one *row* of the arrays' lane axis, not necessarily its own: a run
+* the cache is two lists of numpy arrays, one array per layer for K and one for V,
+  ``[max_lanes, n_kv_heads, E, head_dim]`` of the decoder's compute type (float32, or
+  float16 for an fp16 export), in small pages that are committed as positions are first
+  written (:func:`lazy_zeros`). ``E``, the positions held per lane, follows what the lanes
+  need: at the start of a forward call it grows to the call's largest position + 1 (its
+  padding included) or the longest lane's length, rounded up to :data:`KEY_BLOCK`, and
+  shrinks to that when it holds two blocks more (lanes that finished), by reallocating
+  and copying the written positions one layer at a time (``cache_resizes`` counts it;
+  position ``max_context``, reached only by padding rows, is the trash slot). Each lane
+  slot's cache lives in one *row* of the arrays' lane axis, not necessarily its own: a run
   needs its lanes' rows side by side, so that each layer's input is an OrtValue
   over a view of the arrays (made once per row range, bound with IOBinding) and
-  the pass reads the cache in place. When a run's lanes are not side by side
+  the pass reads the cache in place, at the arrays' length: the decoder graph's pass form
+  reads its bound caches whole, their length its key extent (``sf_trt.export.decoder_graph``,
+  *Key extent*), so that the only copy of the cache a pass makes is its ScatterND's. A run
+  whose own extent is at most half the arrays' (a short lane beside a long one's run) is
+  bound to a copy of its lanes' rows at its own extent instead (scratch buffers): the copy
+  costs less than attending over the rest. When a run's lanes are not side by side
   (lanes finished or prefill apart from the others), the caches of the few lanes
   outside the best window are swapped into it, once, up to their lengths
   (``cache_moves`` counts the lanes moved); later runs of the same lanes find them
   in place. (Copying the run's caches out instead cost every pass a copy of them
   all: 17% of an 8-lane decode where two lanes were still prefilling.)
+  The slots form (``cache_inputs="slots"``) holds the whole window, ``max_context + 1``
+  positions, bound once;
 * the graph returns only this pass's new K/V; after the pass they are written
   into the arrays at ``(slot, position)`` (numpy bookkeeping), padding rows
   skipped;
@@ -34,8 +45,7 @@ layout and keeps the KV cache on the host:
 Packing: a pass's rows are grouped by lane (order kept); each lane is one row of
 ``[B, T]``, padded to the pass's longest lane at the positions after its last row
 (capped at ``max_context``, the trash slot): padding is never visible to the lane's
-real rows, and it keeps the pass form's key extent (the keys attention reads,
-see ``sf_trt.export.decoder_graph``) at what the pass's own positions need.
+real rows, and it keeps the run's key extent at what the pass's own positions need.
 Because rows do not depend on what shares their pass, a forward call may run
 its lanes as several graph runs: lanes whose row counts differ a lot (a 256-row
 prefill beside 1-row decodes) go to separate runs when padding them together
@@ -318,6 +328,9 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         if self.cache_inputs == "slots" or self._extent - 2 * KEY_BLOCK < need <= self._extent:
             return
         keep = np.minimum(self._written[self._slot_at], need)  # per row: its written positions that stay
+        # nothing may hold the old arrays while the new ones are made: each is freed once copied
+        self._binding.clear_binding_inputs()
+        self._views, self._bound, self._scratch = {}, None, None
         for arrays in (self._keys, self._values):
             for i, old in enumerate(arrays):
                 new = self._zeros(need)
@@ -326,7 +339,6 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
                 arrays[i] = new
         np.minimum(self._written, need, out=self._written)
         self._extent = need
-        self._views, self._bound, self._scratch = {}, None, None
         self.cache_resizes += 1
 
     def _run_extent(self, last: int) -> int:
@@ -375,6 +387,9 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
 
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # the length is the state: entries past it are masked, then overwritten
+
+    def _release_impl(self, lane: int) -> None:
+        self._written[lane] = 0  # nothing of it to keep when the arrays are resized or rows swapped
 
     def _save_block_impl(self, lane: int, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
