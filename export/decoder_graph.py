@@ -79,7 +79,7 @@ the length of the caches bound to it, which the runtime chooses:
 :mod:`sf_trt.backends.ort_decoder` binds its lanes' caches at the pass's largest position
 plus one rounded up to its ``KEY_BLOCK`` (64), at most ``S`` (or at the length its host
 arrays hold, when that is less than twice as long), so a pass costs what its positions need,
-not the window, and the graph copies nothing to get there. (Until model-directory format 12
+not the window, and the graph copies nothing to get there. (Until model-directory format 13
 the graph sliced ``E`` out of caches bound at ``S``: a second copy per layer.) Every
 position the pass writes must lie below ``E``. A row at position ``p``
 reads the same keys ``0 .. p`` whatever ``E`` is; the keys from ``p + 1`` to ``E - 1``
