@@ -79,7 +79,7 @@ the length of the caches bound to it, which the runtime chooses:
 :mod:`sf_trt.backends.ort_decoder` binds its lanes' caches at the pass's largest position
 plus one rounded up to its ``KEY_BLOCK`` (64), at most ``S`` (or at the length its host
 arrays hold, when that is less than twice as long), so a pass costs what its positions need,
-not the window, and the graph copies nothing to get there. (Until model-directory format 12
+not the window, and the graph copies nothing to get there. (Until model-directory format 13
 the graph sliced ``E`` out of caches bound at ``S``: a second copy per layer.) Every
 position the pass writes must lie below ``E``. A row at position ``p``
 reads the same keys ``0 .. p`` whatever ``E`` is; the keys from ``p + 1`` to ``E - 1``
@@ -100,12 +100,14 @@ its one-row path is not row-exact: MLAS takes another path at M == 1) and opset 
 ``Attention`` (bit-identical, not faster).
 
 Weights (``weight_dtype``): ``"float32"`` (the GGUF dequantized), ``"int8"`` (per-channel
-int8, ``DequantizeLinear``) or ``"q4"``: the GGUF's own Q4_1 blocks in onnxruntime's
-contrib ``MatMulNBits`` (4-bit values, a float32 scale per block of 32, int8 compute at
-accuracy level 4); Q4_1's per-block offsets ``m`` enter as each block's input sum times
-``m + 8 d``, the block sums coming out of the same ``MatMulNBits`` (indicator rows), and
-the tied embedding and lm_head are the GGUF's Q8_0 blocks (an 8-bit ``MatMulNBits``). No
-weight is requantized. A q4 graph runs on onnxruntime only.
+int8, ``DequantizeLinear``) or ``"q4"``: every layer matrix in 4 bits per block of 32 in
+onnxruntime's contrib ``MatMulNBits`` (a float32 scale per block, int8 compute at accuracy
+level 4), one per matrix. The GGUF's own Q4_0, Q4_1 and Q4_K blocks go in as they are
+(:mod:`sf_trt.export.quantize`); Q4_1's and Q4_K's per-block offsets enter as each block's
+input sum times the offset, the block sums coming out of the same ``MatMulNBits`` (indicator
+rows). Other matrices are requantized with a uint8 zero point per block, which ``MatMulNBits``
+takes as an input. The embedding and lm_head are Q8_0 blocks (the GGUF's own, or quantized to
+Q8_0; an 8-bit ``MatMulNBits``). A q4 graph runs on onnxruntime only.
 
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
@@ -131,6 +133,7 @@ pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -145,7 +148,7 @@ from sf_trt.graphs.ranges import declare_ranges
 
 from .families import BIAS_OF, family
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
-from .quantize import BLOCK, Q4_HEAD_KIND, Q4_LAYER_KIND, blocks_for, quantize_int8
+from .quantize import BLOCK, Q4_HEAD_KIND, NBitsMatrix, blocks_for, four_bit, quantize_int8
 
 __all__ = ["build_decoder_graph", "pass_form", "rope_tables", "inverse_frequencies", "COMPUTE_TYPES"]
 
@@ -340,8 +343,8 @@ class _Decoder:
         bias = _bias(layer, fields)
         plain = bias is None and post_norm is None
         if self.weight_dtype == "q4":
-            blocks = blocks_for(self.weights, [f"layers.{i}.{f}" for f in fields], w, Q4_LAYER_KIND)
-            y = self.nbits(x, name, blocks, residual if plain else None)
+            matrix = four_bit(self.weights, [f"layers.{i}.{f}" for f in fields], [getattr(layer, f) for f in fields])
+            y = self.nbits(x, name, matrix, residual if plain else None)
             if plain:
                 return y
         else:
@@ -356,29 +359,35 @@ class _Decoder:
             y = self.to_f32(y, f"{name}_out")
         return y if residual is None else self.g.op("Add", [residual, y], f"{name}_resid")
 
-    def nbits(self, x: str, name: str, blocks, residual: str | None = None) -> str:
-        """``x @ W.T`` (``+ residual``) for a matrix in GGML blocks, as onnxruntime's ``MatMulNBits``.
+    def nbits(self, x: str, name: str, matrix: NBitsMatrix, residual: str | None = None) -> str:
+        """``x @ W.T`` (``+ residual``) for a matrix in blocks (:class:`NBitsMatrix`), as onnxruntime's
+        ``MatMulNBits``, one per matrix; its zero points an input where any block's is not the default.
 
-        Q4_1's offsets (:meth:`GgmlBlocks.nbits`): each block's input sum times ``m + 8 d``. The
-        block sums come out of the same ``MatMulNBits``: ``K / 32`` more output columns whose
-        4-bit values are 9 inside their block and 8 (zero) elsewhere, scale 1 (exact in 4 bits),
-        so they are the sums of the very int8 activations the weights multiply; one small
-        float32 ``MatMul`` applies the offsets, added with the residual in one ``Sum``."""
+        Offsets (Q4_1's, Q4_K's): each block's input sum times its offset. The block sums come out
+        of the same ``MatMulNBits``: ``K / 32`` more output columns whose 4-bit values are 9 inside
+        their block and 8 (zero) elsewhere, scale 1 (exact in 4 bits), so they are the sums of the
+        very int8 activations the weights multiply; one small float32 ``MatMul`` applies the
+        offsets, added with the residual in one ``Sum``."""
         g = self.g
-        b, scales, offsets = blocks.nbits()
-        n, k = blocks.shape
+        n, k = matrix.shape
         nb = k // BLOCK
-        if offsets is not None:
+        b, scales, zeros = matrix.packed(), matrix.scales.reshape(-1), matrix.zeros
+        if matrix.offsets is not None:
             b = np.concatenate([b, _block_indicator(k)])
             scales = np.concatenate([scales, np.ones(nb * nb, np.float32)])
+            if zeros is not None:
+                zeros = np.concatenate([zeros, np.full((nb, nb), 8, np.uint8)])
+        inputs = [x, g.init(b, f"{name}.q{matrix.bits}"), g.init(scales, f"{name}.scale")]
+        if zeros is not None:
+            inputs.append(g.init(dataclasses.replace(matrix, q=b, zeros=zeros).packed_zeros(), f"{name}.zero"))
         y = g.op(
-            "MatMulNBits", [x, g.init(b, f"{name}.q{blocks.bits}"), g.init(scales, f"{name}.scale")], f"{name}_mm",
-            domain=MS_DOMAIN, K=k, N=b.shape[0], bits=blocks.bits, block_size=BLOCK, accuracy_level=NBITS_ACCURACY,
+            "MatMulNBits", inputs, f"{name}_mm",
+            domain=MS_DOMAIN, K=k, N=b.shape[0], bits=matrix.bits, block_size=BLOCK, accuracy_level=NBITS_ACCURACY,
         )
-        if offsets is None:
+        if matrix.offsets is None:
             return y if residual is None else g.op("Add", [residual, y], f"{name}_resid")
         y, sums = g.op("Split", [y, g.i64([n, nb])], f"{name}_split", n_out=2, axis=-1)
-        off = g.op("MatMul", [sums, g.init(offsets, f"{name}.offset")], f"{name}_offsets")
+        off = g.op("MatMul", [sums, g.init(np.ascontiguousarray(matrix.offsets.T), f"{name}.offset")], f"{name}_offsets")
         return g.op("Sum", [y, off] + ([residual] if residual is not None else []), f"{name}_q41")
 
     def rms_norm(self, x: str, weight: str, stem: str, cast: bool = True) -> str:
@@ -411,8 +420,8 @@ class _Decoder:
         if self.weight_dtype != "q4":
             self.weight(weights.tok_embd, "tok_embd")
             return self.scaled(self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed"))
-        blocks = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND)
-        b, scales, _ = blocks.nbits()  # [V, nb, 32] uint8, [V * nb]
+        table = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND).nbits()
+        b, scales = table.packed(), table.scales.reshape(-1)  # [V, nb, 32] uint8, [V * nb]
         nb = b.shape[1]
         g.init(b, "tok_embd.q8")
         g.init(scales, "tok_embd.scale")
@@ -556,7 +565,7 @@ class _Decoder:
                 g.named("MatMulNBits", [hn, "tok_embd.q8", "tok_embd.scale"], logits, domain=MS_DOMAIN, K=k, N=n, bits=8,
                         block_size=BLOCK, accuracy_level=NBITS_ACCURACY)
             else:
-                out_rows = self.nbits(hn, "lm_head", blocks_for(weights, ["lm_head"], weights.lm_head, Q4_HEAD_KIND))
+                out_rows = self.nbits(hn, "lm_head", blocks_for(weights, ["lm_head"], weights.lm_head, Q4_HEAD_KIND).nbits())
                 g.named("Identity", [out_rows], logits)
         elif self.weight_dtype == "int8":
             g.named("MatMul", [hn, self.matrix("lm_head", weights.output_matrix())], logits)

@@ -34,8 +34,9 @@ layout and keeps the KV cache on the host:
   into the arrays at ``(slot, position)`` (numpy bookkeeping), padding rows
   skipped;
 * a prefix from the prefix cache (:mod:`sf_trt.prefix_cache`) is copied into the
-  lane's row (``load_prefix``), and blocks of a lane's positions are copied out
-  (``save_block``): the rows then read it in place as if a prefill had written it;
+  lane's row (``load_prefix``), and blocks of a lane's positions are copied out into
+  the block pool (``save_block``; :mod:`sf_trt.block_pool`, allocated once at the
+  cache's budget): the rows then read it in place as if a prefill had written it;
 * rollback is a length: ``truncate`` only moves ``state_len`` (PrimitivesBase
   keeps it); entries past it are masked by position and overwritten later::
 
@@ -54,7 +55,6 @@ would cost more than another pass over the weights (:meth:`_plan_runs`).
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -62,6 +62,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..abi import Sampling, Status, StatusError
+from ..block_pool import lazy_zeros
 from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_GRAPH_FILE, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .ort_adjust import HostLogitAdjust
@@ -107,26 +108,6 @@ class PassLogits(np.ndarray):
         if self.greedy is not None:
             out.greedy = self.greedy[index]
         return out
-
-
-def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A zeroed array whose memory is committed in small (4 KiB) pages as they are first written.
-
-    ``np.zeros`` asks the kernel for transparent huge pages on arrays of 4 MiB and more, so the
-    first write anywhere in a 2 MiB stretch zeroes (and may first compact memory for) all of it.
-    A KV cache is written a position at a time across every (layer, lane, head) row: with huge
-    pages a lane's first prefill paid for its whole window, 1-3 s at the model's context of 8192
-    on this CPU, and the RSS grew by the window instead of the positions written
-    (docs/benchmarks.md, "Reproducing our own numbers"). Where the platform has no anonymous
-    ``mmap`` this is ``np.zeros``."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return np.zeros(shape, dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where the kernel's THP setting is "always"
-        buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 def _bad(what: str) -> StatusError:
@@ -391,22 +372,29 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     def _release_impl(self, lane: int) -> None:
         self._written[lane] = 0  # nothing of it to keep when the arrays are resized or rows swapped
 
-    def _save_block_impl(self, lane: int, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        self._check_open()
-        return self._lane_cache(lane, start, start + length)
+    def _block_parts(self, block_tokens: int) -> list:
+        cfg = self.config
+        return [((cfg.n_layers, cfg.n_kv_heads, block_tokens, cfg.head_dim), self._dtype)] * 2  # K, V
 
-    def _load_prefix_impl(self, lane: int, blocks: list) -> None:
+    def _save_block_impl(self, lane: int, start: int, index: int) -> None:
         self._check_open()
-        row, at = int(self._row_of[lane]), 0
-        total = sum(int(block.length) for block in blocks)
-        self._hold(max(self._extent, self._extent_for(total - 1)))
-        for block in blocks:
-            keys, values = block.data  # [n_layers, n_kv_heads, length, head_dim] each
-            for layer_keys, layer_values, k, v in zip(self._keys, self._values, keys, values):
-                layer_keys[row, :, at:at + block.length] = k
-                layer_values[row, :, at:at + block.length] = v
-            at += block.length
-        self._written[lane] = max(int(self._written[lane]), at)
+        keys, values = self.block_pool.arrays  # [blocks, n_layers, n_kv_heads, block_tokens, head_dim] each
+        row, end = int(self._row_of[lane]), start + keys.shape[3]
+        for i, (layer_keys, layer_values) in enumerate(zip(self._keys, self._values)):
+            keys[index, i] = layer_keys[row, :, start:end]
+            values[index, i] = layer_values[row, :, start:end]
+
+    def _load_prefix_impl(self, lane: int, indices: list) -> None:
+        self._check_open()
+        keys, values = self.block_pool.arrays
+        n = keys.shape[3]
+        self._hold(max(self._extent, self._extent_for(len(indices) * n - 1)))
+        row = int(self._row_of[lane])
+        for j, index in enumerate(indices):
+            for i, (layer_keys, layer_values) in enumerate(zip(self._keys, self._values)):
+                layer_keys[row, :, j * n:(j + 1) * n] = keys[index, i]
+                layer_values[row, :, j * n:(j + 1) * n] = values[index, i]
+        self._written[lane] = max(int(self._written[lane]), len(indices) * n)
 
     def _lane_cache(self, lane: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of lane ``lane``'s K and V at positions ``start .. stop - 1``,

@@ -277,13 +277,20 @@ def test_a_lane_crossing_a_key_block_with_drafts_rolled_back_across_it(prims, ti
 def test_prefix_blocks_saved_after_a_grow_load_into_a_fresh_cache_exactly(tiny_model_dir, wide):
     full = wide.forward(rows(0, 0, LONG[:150]))  # the arrays grow to 192
     assert wide._extent == 192
-    blocks = [wide.save_block(0, 0, 64), wide.save_block(0, 64, 64)]
+    pool = wide.open_block_pool(1 << 20, 64)
+    blocks = [pool.take(), pool.take()]
+    wide.save_block(0, 0, blocks[0])
+    wide.save_block(0, 64, blocks[1])
     keys, values = wide.cache_rows(0)
-    assert np.array_equal(np.concatenate([b.data[0] for b in blocks], axis=2), keys[:, :, :128])
-    assert np.array_equal(np.concatenate([b.data[1] for b in blocks], axis=2), values[:, :, :128])
+    assert np.array_equal(np.concatenate([pool.arrays[0][b] for b in blocks], axis=2), keys[:, :, :128])
+    assert np.array_equal(np.concatenate([pool.arrays[1][b] for b in blocks], axis=2), values[:, :, :128])
     with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=1) as other:
         other.forward(rows(0, 0, LONG[200:210]))  # another lane first: the arrays hold 64
-        other.load_prefix(2, blocks)  # grown to 128 to take them
+        theirs = other.open_block_pool(1 << 20, 64)
+        taken = [theirs.take(), theirs.take()]
+        for part, ours in zip(theirs.arrays, pool.arrays):
+            part[taken] = ours[blocks]
+        other.load_prefix(2, taken)  # grown to 128 to take them
         assert other._extent == 128
         rest = other.forward(rows(2, 128, LONG[128:150]))
         assert np.array_equal(bits(rest), bits(full[128:]))
