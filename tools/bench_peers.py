@@ -150,6 +150,7 @@ class LlamaCppPeer:
     packages = ("llama_cpp",)
 
     def __init__(self, gguf: Path, threads: int, n_ctx: int, lookup: int) -> None:
+        preload_llama_cpp_shim()
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -176,6 +177,18 @@ class LlamaCppPeer:
             if len(out) >= n or (allow_eos and tok == self.eos):
                 break
         return out, time.perf_counter() - start
+
+
+def preload_llama_cpp_shim() -> None:
+    """Where ``LLAMA_CPP_LIB_PATH`` names a prebuilt llama.cpp patched by tools/llama_cpp_glibc.py
+    (the llama-cpp-py-sync wheel's libraries on an older glibc), open its shim first."""
+    lib = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if lib:
+        if str(Path(__file__).resolve().parent) not in sys.path:  # tools/ is no package
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llama_cpp_glibc import preload
+
+        preload(Path(lib))
 
 
 GENAI_NGRAM_SIZE = 3
@@ -392,8 +405,10 @@ def sf_trt_spins() -> bool:
     return os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
 
 
-def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float) -> tuple[dict | None, str]:
-    """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``; (its JSON or None, a note)."""
+def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float,
+               extra: list[str] | tuple[str, ...] = ()) -> tuple[dict | None, str]:
+    """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``, with ``extra`` (``--sf-trt-args``:
+    e.g. ``--model DIR``) after ``bench``; (its JSON or None, a note)."""
     try:
         helptext = subprocess.run(cmd + ["bench", "--help"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -406,7 +421,7 @@ def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: boo
         for p in prompts:  # the effective set (--only, --max-tokens applied)
             f.write(json.dumps({k: p[k] for k in p if k in ("id", "kind", "messages", "prompt_ids", "max_tokens")}) + "\n")
         prompt_file = f.name
-    full = cmd + ["bench", "--prompts", prompt_file, "--json"]
+    full = cmd + ["bench", *extra, "--prompts", prompt_file, "--json"]
     if "--threads" in options:
         full += ["--threads", str(threads)]
     if not allow_eos and "--ignore-eos" in options:  # exactly max_tokens tokens, as the HF runs
@@ -621,7 +636,8 @@ def prefill_ids(encoded: list[tuple], length: int) -> list[int]:
 def sf_trt_prefill(cmd: list[str], ids: list[int], args) -> tuple[list[float] | None, str]:
     """sf_trt's times to the first token of ``ids`` (``sf-trt bench``, ``max_tokens`` 1: its plain
     and its speculative run), or (None, why)."""
-    doc, note = run_sf_trt(cmd, [{"id": f"prefill_{len(ids)}", "prompt_ids": ids, "max_tokens": 1}], args.threads, True, args.sf_trt_timeout)
+    doc, note = run_sf_trt(cmd, [{"id": f"prefill_{len(ids)}", "prompt_ids": ids, "max_tokens": 1}], args.threads, True, args.sf_trt_timeout,
+                           shlex.split(args.sf_trt_args))
     result = next(iter((doc or {}).get("results") or []), None)
     if result is None:
         return None, note
@@ -751,6 +767,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", dest="json_path", type=Path, default=Path("bench_peers.json"), help="write results here (default bench_peers.json)")
     ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --json` on each prompt right after the peers, and add ratio columns")
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
+    ap.add_argument("--sf-trt-args", default="", metavar="ARGS",
+                    help="more `sf-trt bench` options, one string, after `bench` (e.g. \"--model DIR --weights q4\" for another model than "
+                    "the default SmolLM2 export)")
     ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
     ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow each sf-trt run (default 3600)")
     ap.add_argument("--prefill", type=_lengths, metavar="N,N,...",
@@ -894,7 +913,8 @@ class SfTrtTurns:
         self.notes: list[str] = []
 
     def __call__(self, prompt: dict) -> None:
-        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout)
+        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout,
+                               shlex.split(self.args.sf_trt_args))
         if doc is None:
             self.notes.append(f"{prompt['id']}: {note}")
             return
