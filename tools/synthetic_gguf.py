@@ -7,7 +7,8 @@ The shapes are the models' own (``SHAPES``); weights are N(0, 1/in), quantized p
 ``--type`` (any type gguf can quantize: Q8_0, F16, ...), and streamed to the file one tensor at a
 time (``GGUFWriter.add_tensor_info`` then ``write_tensor_data``), so writing an 8B GGUF needs one
 tensor's memory, not the model's. The vocabulary is byte-level pieces padded with ``<unused{i}>``,
-so the export's tokenizer builds.
+so the export's tokenizer builds, and a chat template of TinyLlama's form (``<|user|>`` ...
+``</s>``, ``<|assistant|>``) lets chat prompts (``sf-trt bench``, tools/bench_peers.py) run on it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+"""TinyLlama-chat's turn markers (a role line, the text, ``</s>``), so chat prompts tokenize."""
 
 SHAPES = {
     "tinyllama-1.1b": dict(n_layers=22, hidden=2048, n_heads=32, n_kv_heads=4, ffn=5632, vocab=32000, context=2048),
@@ -53,6 +60,7 @@ def main() -> None:
     w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    w.add_chat_template(CHAT_TEMPLATE)
     tensors = [("token_embd.weight", (s["vocab"], h)), ("output_norm.weight", (h,)), ("output.weight", (s["vocab"], h))]
     q, kv = s["n_heads"] * hd, s["n_kv_heads"] * hd
     for i in range(s["n_layers"]):
