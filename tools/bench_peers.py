@@ -181,8 +181,16 @@ class LlamaCppPeer:
 
 def preload_llama_cpp_shim() -> None:
     """Where ``LLAMA_CPP_LIB_PATH`` names a prebuilt llama.cpp patched by tools/llama_cpp_glibc.py
-    (the llama-cpp-py-sync wheel's libraries on an older glibc), open its shim first."""
+    (the llama-cpp-py-sync wheel's libraries on an older glibc), open its shim first. Unset, and
+    llama-cpp-python installed without its own library (``-DLLAMA_BUILD=OFF``) beside
+    llama-cpp-py-sync, it is set to that package's folder."""
+    import importlib.util
+
     lib = os.environ.get("LLAMA_CPP_LIB_PATH")
+    own, prebuilt = importlib.util.find_spec("llama_cpp"), importlib.util.find_spec("llama_cpp_py_sync")
+    if not lib and own and own.origin and prebuilt and prebuilt.origin and not list((Path(own.origin).parent / "lib").glob("libllama*")):
+        lib = os.environ["LLAMA_CPP_LIB_PATH"] = str(Path(prebuilt.origin).parent)
+        say(f"llama-cpp-python has no library of its own: LLAMA_CPP_LIB_PATH={lib} (llama-cpp-py-sync's)")
     if lib:
         if str(Path(__file__).resolve().parent) not in sys.path:  # tools/ is no package
             sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -604,8 +612,10 @@ def limit_report(results: list[dict], sf_doc: dict | None, weights: dict[str, di
 
 def _overall_rate(runs: list[dict]) -> tuple[float | None, str]:
     """Tokens over seconds summed over ``runs``: after the first token where every run says when it came."""
-    if runs and all(isinstance(r.get("first_token_s"), (int, float)) for r in runs):
-        return sum(r["tokens"] - 1 for r in runs) / sum(r["tokens"] / r["tokens_per_s"] - r["first_token_s"] for r in runs), "decode only"
+    if runs and all(isinstance(r.get("first_token_s"), (int, float)) and r.get("tokens_per_s") for r in runs):
+        after_first = sum(r["tokens"] / r["tokens_per_s"] - r["first_token_s"] for r in runs)
+        if after_first > 0:  # (a few tokens at a rounded rate can put the first token's time past the whole run's)
+            return sum(r["tokens"] - 1 for r in runs) / after_first, "decode only"
     if runs and all(r.get("tokens_per_s") for r in runs):
         return sum(r["tokens"] for r in runs) / sum(r["tokens"] / r["tokens_per_s"] for r in runs), "end to end (prefill included)"
     return None, "no runs"

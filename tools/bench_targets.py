@@ -177,14 +177,14 @@ def peers_step(size: str, spin: bool, models: Models, args, work: Path, timeout:
            "--warmup", "1", "--json", str(work / f"peers-{size}-{'spin' if spin else 'sleep'}.json")]
     peers, notes = ["llama.cpp"], []
     if size == "135m":
-        cmd += ["--prompts", str(prompts_file(PROMPTS_135M, None, TOKENS_135M, work / "prompts-135m.jsonl"))]
+        cmd += ["--prompts", str(prompts_file(PROMPTS_135M, None, args.max_tokens or TOKENS_135M, work / "prompts-135m.jsonl"))]
         if models.gguf_135m:
             cmd += ["--gguf", str(models.gguf_135m)]
         genai = models.genai_135m
         genai_where = models.dir / "genai-135m" / "int4"
     else:
         gguf, sf = models.need(models.gguf_1b, "llama.cpp's Q4_K_M GGUF"), models.need(models.sf_1b, "sf_trt's 1.1B export")
-        cmd += ["--prompts", str(prompts_file(PROMPTS_1B, SHORT_CHARS, TOKENS_1B, work / "prompts-1b.jsonl")),
+        cmd += ["--prompts", str(prompts_file(PROMPTS_1B, SHORT_CHARS, args.max_tokens or TOKENS_1B, work / "prompts-1b.jsonl")),
                 "--gguf", str(gguf), "--sf-trt-args", f"--model {sf}", "--sf-trt-model", str(sf)]
         genai = models.genai_1b
         genai_where = models.dir / "1b" / "genai-int4"
@@ -229,10 +229,10 @@ def lanes_step(size: str, models: Models, args, work: Path, timeout: float) -> d
     """``sf-trt bench`` on the same 8 prompts with 8 lanes and with 1: the plain throughputs' ratio."""
     ids = tuple(json.loads(line)["id"] for line in BENCH_PROMPTS.read_text(encoding="utf-8").splitlines() if line.strip())[:LANES]
     if size == "135m":
-        prompts, extra = prompts_file(ids, None, TOKENS_135M // 2, work / "lanes-135m.jsonl"), []
+        prompts, extra = prompts_file(ids, None, args.max_tokens or TOKENS_135M // 2, work / "lanes-135m.jsonl"), []
     else:
         sf = models.need(models.sf_1b, "sf_trt's 1.1B export")
-        prompts, extra = prompts_file(ids, SHORT_CHARS, TOKENS_1B // 2, work / "lanes-1b.jsonl"), ["--model", str(sf)]
+        prompts, extra = prompts_file(ids, SHORT_CHARS, args.max_tokens or TOKENS_1B // 2, work / "lanes-1b.jsonl"), ["--model", str(sf)]
     runs = {}
     for lanes in (LANES, 1):
         runs[str(lanes)] = sf_bench(args, prompts, extra + ["--lanes", str(lanes)], timeout / 2)
@@ -289,7 +289,7 @@ def cmd_run(args) -> int:
     say(f"steps {', '.join(steps)}: about {estimate / 60:.1f} min on a quiet 2-core machine "
         f"(each cut off after {'%.0f s' % args.step_timeout if args.step_timeout else '3x its estimate'})")
     models = Models(args)
-    doc: dict[str, Any] = {"tool": "tools/bench_targets.py", "threads": args.threads, "peers_dir": str(args.peers_dir),
+    doc: dict[str, Any] = {"tool": "tools/bench_targets.py", "threads": args.threads, "max_tokens": args.max_tokens, "peers_dir": str(args.peers_dir),
                            "sf_trt_cmd": args.sf_trt_cmd, "cpu_count": os.cpu_count(), "estimate_s": estimate, "steps": {}}
     failed = False
     with tempfile.TemporaryDirectory(prefix="bench_targets_") as tmp:
@@ -467,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--sf-1b-weights", default="int8", choices=("int8", "q4", "float32"), help="which 1.1B export (1b/sf-WEIGHTS) sf_trt runs (default int8)")
     run.add_argument("--sf-trt-cmd", default=shutil.which("sf-trt") or "sf-trt", help="the sf-trt command line (default: sf-trt on PATH)")
     run.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of every engine (default: all cores)")
+    run.add_argument("--max-tokens", type=int, help="new tokens per prompt of every step (default: each step's own, "
+                     f"{TOKENS_135M} at 135M, {TOKENS_1B} at 1.1B, half of that in the lanes steps); a smaller number for a quick check")
     run.add_argument("--step-timeout", type=float, help="seconds each step may take (default: 3x its estimate)")
     run.add_argument("--bandwidth-mib", type=int, default=64, help="MiB per array of the bandwidth step's triad (default 64)")
     run.add_argument("--json", dest="json_path", type=Path, default=Path("bench_targets.json"), help="write here (default bench_targets.json)")
