@@ -473,7 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="the peers' models: genai-135m/int4, 1b/tinyllama-1.1b.Q4_K_M.gguf, 1b/sf-int8, 1b/genai-int4 (default ./peers)")
     run.add_argument("--gguf-135m", type=Path, help="SmolLM2-135M's GGUF (default: tools/bench_peers.py's, under $SF_TRT_CACHE)")
     run.add_argument("--sf-1b-weights", default="int8", choices=("int8", "q4", "float32"), help="which 1.1B export (1b/sf-WEIGHTS) sf_trt runs (default int8)")
-    run.add_argument("--sf-trt-cmd", default=shutil.which("sf-trt") or "sf-trt", help="the sf-trt command line (default: sf-trt on PATH)")
+    run.add_argument("--sf-trt-cmd", required=True,
+                     help="the sf-trt command line of the install being measured (its own venv's, not this interpreter's: "
+                     "the peers' venv holds sf_trt only for its tokenizer)")
     run.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of every engine (default: all cores)")
     run.add_argument("--max-tokens", type=int, help="new tokens per prompt of every step (default: each step's own, "
                      f"{TOKENS_135M} at 135M, {TOKENS_1B} at 1.1B, half of that in the lanes steps); a smaller number for a quick check")

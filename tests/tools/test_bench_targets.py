@@ -116,3 +116,9 @@ def test_a_step_process_past_its_limit_is_cut_off_and_its_peak_rss_is_its_own(lo
     assert status is None
     status, out, _err, usage = bt.run_process([sys.executable, "-c", "b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); print('ok')"], 60)
     assert status == 0 and out.strip() == "ok" and usage.ru_maxrss * 1024 >= 200 << 20
+
+
+def test_run_refuses_an_sf_trt_command_that_is_not_there_naming_it(load_tool, tmp_path, capsys):
+    bt = load_tool("bench_targets")
+    assert bt.main(["run", "--sf-trt-cmd", str(tmp_path / "no-sf-trt"), "--steps", "bandwidth", "--json", str(tmp_path / "t.json")]) == 2
+    assert "no-sf-trt" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
