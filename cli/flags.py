@@ -61,8 +61,9 @@ def add_model_flags(p: argparse.ArgumentParser, extra_backends: Optional[dict[st
                    "(default: sleep); what llama.cpp's OpenMP threads do unless OMP_WAIT_POLICY=PASSIVE")
     g.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS,
                    help=f"{DEFAULT_WEIGHTS} (default: per-channel int8 weights, onnxruntime's 8-bit kernels), float32 "
-                   "(the GGUF dequantized as it is) or q4 (the GGUF's own 4-bit blocks in onnxruntime's MatMulNBits; "
-                   "onnxruntime only); speculative == plain under each")
+                   "(the GGUF dequantized as it is) or q4 (4 bits per block of 32 in onnxruntime's MatMulNBits: the GGUF's "
+                   "own Q4_0, Q4_1 and Q4_K blocks as they are, other matrices requantized; onnxruntime only); "
+                   "speculative == plain under each")
     g.add_argument("--max-context", type=ranged(int, 2, what="a context of >= 2 positions"), default=None,
                    help="positions per lane: prompt plus output, at most the model's context (default: the longest "
                    f"prompt plus its max tokens, rounded up to a multiple of {CONTEXT_STEP} and capped at the model's "

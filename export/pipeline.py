@@ -46,21 +46,28 @@ class OutDirError(ModelDirError):
 
 
 class ExportError(ModelDirError):
-    """A model whose export cannot be made as asked (``--weights q4`` on dimensions Q4_1 blocks do not divide)."""
+    """A model whose export cannot be made as asked (``--weights q4`` on dimensions 4-bit blocks do not divide)."""
 
 
 def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
-    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 keeps each matrix's
-    input dim in blocks of 32 (hidden, heads x head dim, ffn)."""
+    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 keeps each layer
+    matrix's input dim in blocks of 32 (hidden, heads x head dim, ffn); the error names each matrix
+    that does not divide, its shape ``[out, in]`` and the block."""
+    from .families import GGUF_LAYER_NAMES, family
+    from .gguf_llama import layer_shapes
     from .quantize import BLOCK
 
     if weight_dtype != "q4":
         return
-    dims = {"hidden": cfg.hidden, "heads x head_dim": cfg.n_heads * cfg.head_dim, "ffn": cfg.ffn}
-    bad = {k: v for k, v in dims.items() if v % BLOCK}
+    shapes = layer_shapes(cfg)
+    mats = [f for f in family(cfg.arch).layer_fields if f.startswith("w")]
+    bad = [f"blk.*.{GGUF_LAYER_NAMES[f]} [{shapes[f][0]}, {shapes[f][1]}]" for f in mats if shapes[f][1] % BLOCK]
     if bad:
-        shown = ", ".join(f"{k} {v}" for k, v in bad.items())
-        raise ExportError(f"--weights q4: {shown} not a multiple of {BLOCK}, so Q4_1 blocks cannot hold the matrices (use --weights int8 or float32)")
+        dims, verb = ("input dim (the last)", "is") if len(bad) == 1 else ("input dims (the last)", "are")
+        raise ExportError(
+            f"--weights q4: the {dims} of {', '.join(bad)} {verb} not a multiple of the 4-bit block {BLOCK} "
+            "(use --weights int8 or float32)"
+        )
 
 
 def export_model_dir(

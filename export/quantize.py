@@ -1,15 +1,20 @@
-"""Weight quantization for the decoder graph: symmetric int8 per output channel, and
-the GGUF's own 4-bit (Q4_1) and 8-bit (Q8_0) blocks as onnxruntime's ``MatMulNBits`` takes them.
+"""Weight quantization for the decoder graph: symmetric int8 per output channel, and 4-bit (and
+8-bit) blocks as onnxruntime's ``MatMulNBits`` takes them, from a GGUF's own blocks where it can.
 
-:class:`GgmlBlocks` is a matrix ``[out, in]`` kept in GGML's blocks of 32 along ``in``,
-byte for byte as a GGUF stores it (``raw``): Q4_1 holds per block a float16 scale ``d``, a
-float16 offset ``m`` and 32 four-bit values ``q`` (``w = d * q + m``); Q8_0 a float16 scale
-and 32 int8 values (``w = d * q``). :meth:`GgmlBlocks.nbits` rewrites them, without
-rounding anything, into ``MatMulNBits`` operands: the same 4- or 8-bit values (nibbles
-reordered), the same scales, and for Q4_1 the offsets as a small float32 matrix the graph
-applies to each block's sum of inputs (``MatMulNBits`` can carry a non-integer offset only
-as a float zero point, which sends onnxruntime's CPU kernel to a path that dequantizes the
-whole matrix on every run: measured 30x slower when this export was built).
+:class:`GgmlBlocks` is a matrix ``[out, in]`` kept in GGML's blocks along ``in``, byte for byte as
+a GGUF stores it (``raw``). Q4_0 holds per block of 32 a float16 scale ``d`` and 32 four-bit
+values ``q`` (``w = d * (q - 8)``); Q4_1 a scale ``d``, a float16 offset ``m`` and 32 four-bit values
+(``w = d * q + m``); Q4_K, per super-block of 256, float16 ``d`` and ``dmin`` and per sub-block of 32
+a 6-bit scale ``sc`` and min ``mn`` (``w = d sc q - dmin mn``); Q8_0 a scale and 32 int8 values
+(``w = d * q``). :meth:`GgmlBlocks.nbits` rewrites them, without rounding any value to another
+grid, into an :class:`NBitsMatrix` (``w = scale * (q - zero) + offset`` per block of 32): the same
+4- or 8-bit values (nibbles reordered), the same scales (Q4_K's ``d * sc``, exact in float32), and
+for Q4_1 and Q4_K an offset per block that the graph applies to each block's sum of inputs.
+
+Every other matrix (Q5_0, Q5_1, Q5_K, Q6_K and, for the layer matrices, Q8_0; F16, F32, and a
+checkpoint's weights) ``weights="q4"`` requantizes from its float32 values (:func:`requantize_4bit`:
+4 bits per block of 32, asymmetric, a uint8 zero point), so each matrix is one ``MatMulNBits``.
+``tools/q4_error.py`` prints, per GGUF type, how far that holds a file's matrices from its values.
 """
 
 from __future__ import annotations
@@ -20,13 +25,19 @@ import numpy as np
 
 from .gguf_llama import LlamaWeights
 
-__all__ = ["quantize_int8", "int8_weights", "GgmlBlocks", "BLOCK", "NBITS_KINDS"]
+__all__ = [
+    "quantize_int8", "int8_weights", "GgmlBlocks", "NBitsMatrix", "BLOCK", "CARRIED_KINDS", "four_bit",
+    "requantize_4bit", "requantization_error", "q4_weights",
+]
 
 BLOCK = 32
-"""Weights per GGML block (Q4_1 and Q8_0), along a matrix's input dim."""
-NBITS_KINDS = {"Q4_1": 4, "Q8_0": 8}
-"""The GGML block types carried into ``MatMulNBits``, and their bits."""
-_BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
+"""Weights per block of ``MatMulNBits`` here (and per GGML block, or K-quant sub-block), along a
+matrix's input dim."""
+CARRIED_KINDS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 8}
+"""The GGML block types carried into ``MatMulNBits`` losslessly, and their bits."""
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+"""Bytes per GGML block (32 weights; 256 for the K-quants) of the types a GGUF's matrices are kept in."""
+_BLOCK_WEIGHTS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 
 
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -53,22 +64,122 @@ def int8_weights(weights: LlamaWeights) -> LlamaWeights:
 
 
 @dataclasses.dataclass(frozen=True)
+class NBitsMatrix:
+    """A matrix ``[out, in]`` as ``MatMulNBits`` operands, per block of ``BLOCK`` inputs:
+    ``w = scale * (q - zero) + offset``. ``q`` uint8 ``[out, nb, BLOCK]`` (values below
+    ``2 ** bits``, unpacked), ``scales`` float32 ``[out, nb]``, ``zeros`` uint8 ``[out, nb]``
+    (None: ``MatMulNBits``' default ``2 ** (bits - 1)``), ``offsets`` float32 ``[out, nb]`` (None:
+    0). ``MatMulNBits`` computes ``scale * (q - zero)``; a non-zero offset (one that is not a whole
+    number of steps: Q4_1's ``m``, Q4_K's mins) the graph adds as each block's input sum times
+    ``offset`` (``MatMulNBits`` takes a non-integer offset only as a float zero point, which
+    sends onnxruntime's CPU kernel to a path that dequantizes the whole matrix on every run:
+    measured 30x slower when this export was built)."""
+
+    bits: int
+    q: np.ndarray
+    scales: np.ndarray
+    zeros: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.q.shape[1] * BLOCK
+
+    def packed(self) -> np.ndarray:
+        """``q`` as ``MatMulNBits``' B: uint8 ``[out, nb, BLOCK * bits / 8]`` (4 bits: values
+        ``2i`` and ``2i + 1`` in byte ``i``, low nibble first)."""
+        if self.bits == 8:
+            return np.ascontiguousarray(self.q)
+        return np.ascontiguousarray(self.q[..., 0::2] | (self.q[..., 1::2] << 4), dtype=np.uint8)
+
+    def packed_zeros(self) -> np.ndarray | None:
+        """``zeros`` as ``MatMulNBits``' zero_points: uint8 ``[out * ceil(nb * bits / 8)]``."""
+        if self.zeros is None:
+            return None
+        z = self.zeros
+        if self.bits == 4:
+            if z.shape[1] % 2:
+                z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
+            z = z[:, 0::2] | (z[:, 1::2] << 4)
+        return np.ascontiguousarray(z, dtype=np.uint8).reshape(-1)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 ``[out, in]``: the weights the graph computes with."""
+        zero = np.float32(2 ** (self.bits - 1)) if self.zeros is None else self.zeros.astype(np.float32)[..., None]
+        w = self.scales[..., None] * (self.q.astype(np.float32) - zero)
+        if self.offsets is not None:
+            w = w + self.offsets[..., None]
+        return w.reshape(self.shape).astype(np.float32)
+
+    @classmethod
+    def concat(cls, parts: list["NBitsMatrix"]) -> "NBitsMatrix":
+        """The rows of ``parts`` one after another (one matrix of their outputs), all of one bit width."""
+        bits = {p.bits for p in parts}
+        if len(bits) != 1:
+            raise ValueError(f"NBitsMatrix.concat: parts of {sorted(bits)} bits; expected one width")
+        if len(parts) == 1:
+            return parts[0]
+        default = 2 ** (parts[0].bits - 1)
+        zeros = offsets = None
+        if any(p.zeros is not None for p in parts):
+            zeros = np.concatenate([np.full(p.scales.shape, default, np.uint8) if p.zeros is None else p.zeros for p in parts])
+        if any(p.offsets is not None for p in parts):
+            offsets = np.concatenate([np.zeros(p.scales.shape, np.float32) if p.offsets is None else p.offsets for p in parts])
+        cat = lambda f: np.concatenate([getattr(p, f) for p in parts])  # noqa: E731
+        return cls(parts[0].bits, cat("q"), cat("scales"), zeros, offsets)
+
+
+def requantize_4bit(w: np.ndarray) -> NBitsMatrix:
+    """``w`` ``[out, in]`` (``in`` a multiple of ``BLOCK``) in 4 bits per block of 32, asymmetric:
+    the block's range (widened to hold 0) in 15 steps, ``zero`` the step nearest 0 (a uint8 zero
+    point, so one ``MatMulNBits`` computes it, no offsets)."""
+    w = np.asarray(w, dtype=np.float32)
+    out, k = w.shape
+    if k % BLOCK:
+        raise ValueError(f"requantize_4bit: an input dim of {k} is not a multiple of {BLOCK}")
+    wb = w.reshape(out, k // BLOCK, BLOCK)
+    lo, hi = np.minimum(wb.min(axis=-1), 0), np.maximum(wb.max(axis=-1), 0)
+    scales = ((hi - lo) / np.float32(15)).astype(np.float32)
+    scales[scales == 0] = 1.0
+    zeros = np.clip(np.rint(-lo / scales), 0, 15)
+    q = np.clip(np.rint(wb / scales[..., None]) + zeros[..., None], 0, 15)
+    return NBitsMatrix(4, q.astype(np.uint8), scales, zeros.astype(np.uint8))
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes of 6-bit scales and mins -> ``(scales, mins)`` uint8 ``[..., 8]``, one per sub-block."""
+    p = packed.astype(np.uint8)
+    sc = np.empty(p.shape[:-1] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[..., :4], mn[..., :4] = p[..., 0:4] & 63, p[..., 4:8] & 63
+    sc[..., 4:] = (p[..., 8:12] & 0x0F) | ((p[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (p[..., 8:12] >> 4) | ((p[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """float32 of little-endian float16 bytes ``[..., 2]``."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
 class GgmlBlocks:
     """A matrix ``[out, in]`` in GGML blocks (module docstring): ``raw`` uint8
-    ``[out, in / 32 * block bytes]``, as the GGUF stores it."""
+    ``[out, in / block weights * block bytes]``, as the GGUF stores it."""
 
     kind: str
     raw: np.ndarray
 
     def __post_init__(self) -> None:
-        if self.kind not in NBITS_KINDS:
-            raise ValueError(f"GgmlBlocks: kind {self.kind!r} unknown (known: {', '.join(NBITS_KINDS)})")
+        if self.kind not in _BLOCK_BYTES:
+            raise ValueError(f"GgmlBlocks: kind {self.kind!r} unknown (known: {', '.join(_BLOCK_BYTES)})")
         if self.raw.dtype != np.uint8 or self.raw.ndim != 2 or self.raw.shape[1] % _BLOCK_BYTES[self.kind]:
             raise ValueError(f"GgmlBlocks: raw must be uint8 [out, blocks * {_BLOCK_BYTES[self.kind]}] (got {self.raw.dtype} {self.raw.shape})")
 
     @classmethod
     def quantize(cls, w: np.ndarray, kind: str) -> "GgmlBlocks":
-        """``w`` ``[out, in]`` (``in`` a multiple of 32) quantized to ``kind`` as ggml does."""
+        """``w`` ``[out, in]`` (``in`` a multiple of 32) quantized to ``kind`` as ggml does (the
+        types gguf can quantize: not the K-quants)."""
         import gguf
 
         w = np.ascontiguousarray(w, dtype=np.float32)
@@ -85,50 +196,47 @@ class GgmlBlocks:
     @property
     def shape(self) -> tuple[int, int]:
         """``(out, in)``."""
-        return self.raw.shape[0], self.raw.shape[1] // _BLOCK_BYTES[self.kind] * BLOCK
+        return self.raw.shape[0], self.raw.shape[1] // _BLOCK_BYTES[self.kind] * _BLOCK_WEIGHTS.get(self.kind, BLOCK)
 
     @property
     def bits(self) -> int:
-        return NBITS_KINDS[self.kind]
-
-    def _fields(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-        """``(d float32 [out, nb], m float32 [out, nb] or None, q uint8 [out, nb, 32])`` (Q8_0's q
-        as uint8 ``q + 128``)."""
-        out, nb = self.raw.shape[0], self.shape[1] // BLOCK
-        blocks = self.raw.reshape(out, nb, _BLOCK_BYTES[self.kind])
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        if self.kind == "Q8_0":
-            q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-            return d, None, q
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        packed = blocks[..., 4:]  # byte j: value j (low nibble), value j + 16 (high nibble)
-        q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
-        return d, m, q
+        return CARRIED_KINDS[self.kind]
 
     def dequantize(self) -> np.ndarray:
-        """float32 ``[out, in]``: ``d * q + m`` (Q4_1), ``d * q`` (Q8_0), as gguf computes it."""
-        d, m, q = self._fields()
-        if m is None:
-            w = (q.astype(np.float32) - 128.0) * d[..., None]
-        else:
-            w = d[..., None] * q.astype(np.float32) + m[..., None]
-        return w.reshape(self.shape)
+        """float32 ``[out, in]``, as gguf (ggml) computes it."""
+        import gguf
 
-    def nbits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """``MatMulNBits`` operands for ``x @ w.T``: ``(b uint8 [out, nb, 32 * bits / 8], scales float32
-        [out * nb], offsets float32 [nb, out] or None)``.
+        w = gguf.quants.dequantize(self.raw, gguf.GGMLQuantizationType[self.kind])
+        return np.ascontiguousarray(w, dtype=np.float32).reshape(self.shape)
 
-        ``MatMulNBits`` (default zero point ``2 ** (bits - 1)``) computes ``(b - zp) * scale``;
-        Q8_0's values are stored as ``q + 128`` (exact), Q4_1's as they are, so it computes
-        ``d * (q - 8)`` and the graph adds ``sum(x over the block) * (m + 8 d)`` per block:
-        ``d * q + m`` exactly in real arithmetic, no value rounded to another grid."""
-        d, m, q = self._fields()
-        out, nb = d.shape
-        if self.bits == 8:
-            return np.ascontiguousarray(q), np.ascontiguousarray(d.reshape(-1)), None
-        b = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # MatMulNBits: values 2i, 2i+1 in byte i
-        offsets = (m + np.float32(8.0) * d).T  # [nb, out]
-        return np.ascontiguousarray(b), np.ascontiguousarray(d.reshape(-1)), np.ascontiguousarray(offsets, dtype=np.float32)
+    def nbits(self) -> NBitsMatrix:
+        """The blocks as ``MatMulNBits`` operands, no value rounded to another grid (the carried
+        kinds only): Q8_0's values as ``q + 128`` at the default zero point 128; Q4_0's as they
+        are (``d * (q - 8)``: zero point 8); Q4_1's ``d * q + m`` as ``d * (q - 8)`` plus the offset
+        ``m + 8 d``; Q4_K's sub-blocks of 32 likewise, scale ``d * sc`` and offset
+        ``8 d sc - dmin m`` (6-bit ``sc`` and ``m`` times float16 ``d`` and ``dmin``: exact in float32)."""
+        if self.kind not in CARRIED_KINDS:
+            raise ValueError(f"GgmlBlocks.nbits: {self.kind} blocks are not carried as they are (carried: {', '.join(CARRIED_KINDS)})")
+        out, k = self.shape
+        nb = k // BLOCK
+        if self.kind == "Q4_K":
+            blocks = self.raw.reshape(out, k // 256, 144)
+            d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+            sc, mn = _k_scales(blocks[..., 4:16])
+            packed = blocks[..., 16:].reshape(out, k // 256, 4, 32)  # 64 weights per 32 bytes: low nibbles, then high
+            q = np.stack([packed & 0x0F, packed >> 4], axis=3).reshape(out, nb, BLOCK)
+            scales = (d[..., None] * sc).reshape(out, nb)
+            mins = (dmin[..., None] * mn).reshape(out, nb)
+            return NBitsMatrix(4, q, scales, None, (np.float32(8.0) * scales - mins).astype(np.float32))
+        blocks = self.raw.reshape(out, nb, _BLOCK_BYTES[self.kind])
+        d = _f16(blocks[..., 0:2])
+        if self.kind == "Q8_0":
+            return NBitsMatrix(8, (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8), d)
+        packed = blocks[..., 4:] if self.kind == "Q4_1" else blocks[..., 2:]  # byte j: value j (low nibble), j + 16 (high)
+        q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+        if self.kind == "Q4_0":
+            return NBitsMatrix(4, q, d)
+        return NBitsMatrix(4, q, d, None, (_f16(blocks[..., 2:4]) + np.float32(8.0) * d).astype(np.float32))
 
 
 def blocks_for(weights: LlamaWeights, keys: list[str], w: np.ndarray, kind: str) -> GgmlBlocks:
@@ -143,18 +251,52 @@ def blocks_for(weights: LlamaWeights, keys: list[str], w: np.ndarray, kind: str)
     return GgmlBlocks.quantize(w, kind)
 
 
-Q4_LAYER_KIND, Q4_HEAD_KIND = "Q4_1", "Q8_0"
-"""The ``weights="q4"`` export: every layer matrix in Q4_1 blocks; the token embedding and the
-lm_head in Q8_0 blocks."""
+def four_bit(weights: LlamaWeights, keys: list[str], parts: list[np.ndarray]) -> NBitsMatrix:
+    """The matrices ``keys`` (float32 ``parts``, their values) stacked by output, in 4 bits: each
+    part's own GGUF blocks where they are 4-bit (Q4_0, Q4_1, Q4_K: carried as they are), else
+    its values requantized (:func:`requantize_4bit`)."""
+    out = []
+    for key, w in zip(keys, parts):
+        found = weights.blocks.get(key)
+        if found is not None and CARRIED_KINDS.get(found[0]) == 4:
+            out.append(GgmlBlocks(*found).nbits())
+        else:
+            out.append(requantize_4bit(w))
+    return NBitsMatrix.concat(out)
+
+
+def requantization_error(weights: LlamaWeights, layers: int | None = None) -> dict[str, tuple[bool, float, float, float]]:
+    """Per layer matrix of ``weights`` (the first ``layers``): ``(carried, max abs error, RMS error,
+    RMS of the weights)`` of the values ``weights="q4"`` computes with against the float32 values
+    (a GGUF's dequantized blocks). Carried blocks (Q4_0, Q4_1, Q4_K) differ only by float32
+    rounding; the rest are requantized (:func:`requantize_4bit`)."""
+    report = {}
+    for i, layer in enumerate(weights.layers[:layers]):
+        for m in _MATS:
+            key = f"layers.{i}.{m}"
+            w = np.asarray(getattr(layer, m), dtype=np.float32)
+            found = weights.blocks.get(key)
+            err = four_bit(weights, [key], [w]).dequantize().astype(np.float64) - w
+            report[key] = (
+                found is not None and CARRIED_KINDS.get(found[0]) == 4, float(np.abs(err).max()),
+                float(np.sqrt(np.mean(err * err))), float(np.sqrt(np.mean(np.square(w, dtype=np.float64)))),
+            )
+    return report
+
+
+Q4_HEAD_KIND = "Q8_0"
+"""The ``weights="q4"`` export: every layer matrix in 4 bits (:func:`four_bit`); the token
+embedding and the lm_head in Q8_0 blocks."""
 _MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def q4_weights(weights: LlamaWeights) -> LlamaWeights:
     """The float32 weights the ``weight_dtype="q4"`` graph computes with (as :func:`int8_weights`
-    for int8): each layer matrix its Q4_1 blocks' values, the embedding and the lm_head their
-    Q8_0 blocks' values; for a GGUF that stores them so, exactly its own dequantized weights."""
+    for int8): each layer matrix its 4-bit values (:func:`four_bit`), the embedding and the lm_head
+    their Q8_0 blocks' values; for a GGUF that stores them so, its own dequantized weights (up to
+    float32 rounding of the offsets)."""
     layers = [
-        dataclasses.replace(layer, **{m: blocks_for(weights, [f"layers.{i}.{m}"], getattr(layer, m), Q4_LAYER_KIND).dequantize() for m in _MATS})
+        dataclasses.replace(layer, **{m: four_bit(weights, [f"layers.{i}.{m}"], [getattr(layer, m)]).dequantize() for m in _MATS})
         for i, layer in enumerate(weights.layers)
     ]
     embd = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND).dequantize()

@@ -121,13 +121,78 @@ def tiny_int8_model_dir(tiny, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_q4_model_dir(tiny, tmp_path_factory):
-    """The tiny model with q4 weights (Q4_1 layer matrices, a Q8_0 embedding and lm_head, in MatMulNBits)."""
+    """The tiny model with q4 weights (float matrices requantized to 4 bits with zero points, a Q8_0
+    embedding and lm_head, in MatMulNBits)."""
     from sf_trt.export.decoder_graph import build_decoder_graph
     from sf_trt.export.pipeline import write_model_dir
 
     cfg, weights = tiny
     graph = build_decoder_graph(cfg, weights, weight_dtype="q4")
     return write_model_dir(tmp_path_factory.mktemp("tinyq4") / "model", cfg, graph, weight_dtype="q4")
+
+
+def q4_k_raw(rng, out: int, k: int):
+    """Random Q4_K bytes ``[out, k / 256 * 144]`` of weights about N(0, 1/k): per sub-block of 32 a
+    6-bit scale ``sc`` in 16..63 and min ``m`` about ``7.5 sc / 8`` (``dmin = 8 d``), so each block
+    is centred near 0; the nibbles anything."""
+    import numpy as np
+
+    n = k // 256
+    raw = rng.integers(0, 256, (out, n, 144), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.5, (out, n)) * 0.35 / np.sqrt(k) / 40).astype(np.float16)
+    raw[..., 0:2] = d[..., None].view(np.uint8)
+    raw[..., 2:4] = (d * np.float16(8))[..., None].view(np.uint8)
+    sc = rng.integers(16, 64, (out, n, 8)).astype(np.uint8)
+    mn = np.clip(np.rint(7.5 * sc / 8 + rng.integers(-2, 3, sc.shape)), 0, 63).astype(np.uint8)
+    raw[..., 4:8] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
+    raw[..., 8:12] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
+    raw[..., 12:16] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
+    return raw.reshape(out, -1)
+
+
+MIXED_Q4_BLOCKS = {
+    0: {"wq": "Q4_K", "wk": "Q4_K", "wo": "Q4_0", "w_gate": "Q4_1", "w_up": "Q4_0", "w_down": "Q4_K"},  # wv: requantized
+    1: {"wq": "Q4_0", "wk": "Q4_0", "wv": "Q4_0", "w_gate": "Q4_K", "w_up": "Q4_K", "w_down": "Q4_1"},  # wo: requantized
+}
+"""The tiny mixed model's GGUF block types per layer matrix (the rest float, as a Q6_K or F16 tensor reads)."""
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_q4():
+    """``(cfg, weights)`` of a tiny Llama (dims multiples of 256, as K-quants need) whose matrices
+    are held in every form ``weights="q4"`` takes: Q4_0, Q4_1, Q4_K blocks carried as they are and
+    float matrices requantized, mixed within the fused q/k/v and gate/up matrices
+    (``MIXED_Q4_BLOCKS``); the embedding in Q8_0. The float arrays are the blocks' values."""
+    import dataclasses
+
+    import numpy as np
+    from sf_trt.export.quantize import GgmlBlocks
+    from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
+
+    cfg = tiny_llama_config(hidden=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=256)
+    weights = random_llama_weights(cfg, seed=3)
+    rng = np.random.default_rng(3)
+    blocks = {}
+    for i, kinds in MIXED_Q4_BLOCKS.items():
+        for field, kind in kinds.items():
+            w = getattr(weights.layers[i], field)
+            given = GgmlBlocks(kind, q4_k_raw(rng, *w.shape)) if kind == "Q4_K" else GgmlBlocks.quantize(w, kind)
+            setattr(weights.layers[i], field, given.dequantize())
+            blocks[f"layers.{i}.{field}"] = (kind, given.raw)
+    embd = GgmlBlocks.quantize(weights.tok_embd, "Q8_0")
+    blocks["tok_embd"] = ("Q8_0", embd.raw)
+    return cfg, dataclasses.replace(weights, tok_embd=embd.dequantize(), blocks=blocks)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_q4_model_dir(tiny_mixed_q4, tmp_path_factory):
+    """:func:`tiny_mixed_q4` exported with q4 weights."""
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
+
+    cfg, weights = tiny_mixed_q4
+    graph = build_decoder_graph(cfg, weights, weight_dtype="q4")
+    return write_model_dir(tmp_path_factory.mktemp("tinymixedq4") / "model", cfg, graph, weight_dtype="q4")
 
 
 @pytest.fixture(scope="session")

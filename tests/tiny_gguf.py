@@ -46,7 +46,7 @@ def _file_tensors(cfg: LlamaConfig, layer, order: str) -> dict[str, np.ndarray]:
 
 def write_tiny_gguf(
     path, *, arch=None, seed=0, bad_type=None, context_length=512, template=TEMPLATE, meta=None, tensor_fn=None,
-    family_name="llama", biases=False, rope_factors=False, extra=None, skip=(), shape=None,
+    family_name="llama", biases=False, rope_factors=False, extra=None, skip=(), shape=None, types=None,
 ) -> tuple[LlamaConfig, object]:
     """The tiny random model of ``family_name`` as a GGUF at ``path``; ``(cfg, weights)``.
 
@@ -54,7 +54,9 @@ def write_tiny_gguf(
     written (``{"block_count": 10**9}``: the GGUF then says what its tensors are not);
     ``tensor_fn(name, array)`` may change a tensor before it is written; ``extra`` adds tensors
     (``{name: array}``) and ``skip`` leaves tensors out, by name; ``shape`` overrides the tiny
-    config's sizes (``{"ffn": 100}``), written truthfully."""
+    config's sizes (``{"ffn": 100}``), written truthfully; ``types`` stores layer tensors in GGML
+    block types gguf can quantize, by name within ``blk.<i>.`` (``{"attn_q.weight": "Q4_0"}``; the
+    weights returned are then the values before quantization)."""
     import gguf
 
     tokens = SPECIALS + _byte_pieces() + ["Ġt", "he", "Ġthe"]
@@ -113,6 +115,9 @@ def write_tiny_gguf(
             if bad_type is not None and (i, field) == (1, "w_up"):
                 block, size = gguf.GGML_QUANT_SIZES[bad_type]
                 w.add_tensor(tensor, np.zeros((arr.shape[0], arr.shape[1] // block * size), np.uint8), raw_dtype=bad_type)
+            elif (types or {}).get(GGUF_LAYER_NAMES[field]):
+                kind = gguf.GGMLQuantizationType[types[GGUF_LAYER_NAMES[field]]]
+                w.add_tensor(tensor, gguf.quants.quantize(np.ascontiguousarray(arr, np.float32), kind), raw_dtype=kind)
             else:
                 add(tensor, arr)
     for tensor, arr in (extra or {}).items():

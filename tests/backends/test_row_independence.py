@@ -27,14 +27,18 @@ def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, op
         assert_rows_exact(prims, sched)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("optimization", ["disable", "basic", "extended", "all"])
-def test_tiny_q4_rows_are_exact_in_any_pass(tiny_q4_model_dir, schedules, optimization, threads):
-    """MatMulNBits (4-bit Q4_1 blocks with their offsets, an 8-bit Q8_0 lm_head), int8 compute:
-    its one-row and many-row kernels give each row the same bits."""
+@pytest.mark.parametrize("export", ["tiny_q4_model_dir", "tiny_mixed_q4_model_dir"], ids=["requantized", "mixed"])
+def test_tiny_q4_rows_are_exact_in_any_pass(export, schedules, optimization, threads, request):
+    """MatMulNBits, int8 compute, in every form the q4 export makes: 4-bit matrices requantized
+    with zero points; Q4_0, Q4_1 and Q4_K blocks carried (Q4_1's and Q4_K's offsets), mixed in one
+    matrix with requantized ones; an 8-bit Q8_0 lm_head. Its one-row and many-row kernels give
+    each row the same bits."""
     rng = np.random.default_rng(17)
     sched = schedules({0: rng.integers(0, 256, 26), 1: rng.integers(0, 256, 19), 2: rng.integers(0, 256, 23)})
-    with OrtDecoderPrimitives(tiny_q4_model_dir, max_lanes=3, max_context=64, threads=threads, optimization=optimization) as prims:
+    model = request.getfixturevalue(export)
+    with OrtDecoderPrimitives(model, max_lanes=3, max_context=64, threads=threads, optimization=optimization) as prims:
         assert_rows_exact(prims, sched)
 
 

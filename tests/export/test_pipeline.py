@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from rows import close_to_reference, rows
 from sf_trt.export.pipeline import OutDirError, export_model_dir
@@ -134,7 +135,8 @@ def test_processes_sharing_the_cache_export_the_default_model_once(tmp_path):
 
 
 def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path):
-    """Once a ValueError traceback: an ffn of 100 cannot be held in Q4_1 blocks of 32."""
+    """Once a ValueError traceback: an ffn of 100 cannot be held in 4-bit blocks of 32. The one line
+    names the matrix, its shape and the block."""
     from cli_run import sf_trt
     from tiny_gguf import write_tiny_gguf
 
@@ -143,6 +145,35 @@ def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_pat
                   env={"SF_TRT_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "sf-trt: --weights q4: ffn 100 not a multiple of 32, so Q4_1 blocks cannot hold the matrices (use --weights int8 or float32)"
+        "sf-trt: --weights q4: the input dim (the last) of blk.*.ffn_down.weight [64, 100] is not a multiple of the 4-bit block 32 (use --weights int8 or float32)"
     )
     assert not (tmp_path / "m").exists()
+
+
+def test_q4_export_of_a_gguf_with_mixed_block_types_carries_its_4_bit_blocks(tmp_path):
+    """A GGUF whose layer matrices are Q4_0, Q4_1, Q5_0, Q8_0 and F32 (q, k and v of three types in
+    one fused matrix): ``--weights q4`` keeps the 4-bit ones' values exactly (the loader keeps their
+    bytes), requantizes the rest, and the exported model computes those values."""
+    from cli_run import sf_trt
+    from rows import SEQ
+
+    from sf_trt.export.gguf_llama import load_gguf
+    from sf_trt.export.quantize import q4_weights
+
+    types = {"attn_q.weight": "Q4_0", "attn_k.weight": "Q4_1", "attn_v.weight": "Q5_0", "ffn_gate.weight": "Q4_0", "ffn_down.weight": "Q8_0"}
+    write_tiny_gguf(tmp_path / "mixed.gguf", types=types)
+    cfg, weights = load_gguf(tmp_path / "mixed.gguf")
+    assert {k.split(".")[-1]: v[0] for k, v in weights.blocks.items() if k.startswith("layers.0.")} == {
+        "wq": "Q4_0", "wk": "Q4_1", "w_gate": "Q4_0", "w_down": "Q8_0"}
+    held = q4_weights(weights)
+    for f in ("wq", "wk", "w_gate"):  # carried: the file's values
+        np.testing.assert_allclose(getattr(held.layers[1], f), getattr(weights.layers[1], f), rtol=0, atol=1e-6)
+    for f in ("wv", "w_down", "w_up"):  # requantized
+        assert not np.array_equal(getattr(held.layers[1], f), getattr(weights.layers[1], f))
+    proc = sf_trt("export", "--gguf", str(tmp_path / "mixed.gguf"), "--out", str(tmp_path / "m"), "--weights", "q4",
+                  env={"SF_TRT_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    with OrtDecoderPrimitives(tmp_path / "m", max_lanes=1, max_context=64) as p:
+        got = p.forward(rows(0, 0, SEQ[:24]))
+    want = reference_forward(cfg, held, SEQ[:24])
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
