@@ -30,16 +30,19 @@ cache slots, ``S = max_context + 1``; ``C`` the compute type, see *Precision*)::
     lane_ids     int64 [B]         cache slot of each lane of the pass
     logit_index  int64 [K]         flat rows b * T + t whose logits are wanted
     past_key_i   C [L, n_kv_heads, S, head_dim]   (one pair per layer i;
-    past_value_i C [L, n_kv_heads, S, head_dim]    read only)
+    past_value_i C [L, n_kv_heads, S, head_dim]    read only; the pass form:
+                                                  [B, n_kv_heads, E, head_dim])
 
 That is the ``"slots"`` form (the default, and what TensorRT engines are built
 from: the caches stay bound whole, the graph gathers the pass's lanes). The
 ``"pass"`` form (:func:`pass_form`) drops ``lane_ids`` and takes the pass's
-lanes' caches directly, ``past_key_i [B, n_kv_heads, S, head_dim]``, lane b's at
-b. onnxruntime's CPU ScatterND always copies its input (its kernel is not
+lanes' caches directly, ``past_key_i [B, n_kv_heads, E, head_dim]``, lane b's at
+b, ``E`` (the dim ``cache_len``) the pass's key extent (*Key extent*), and reads
+them whole. onnxruntime's CPU ScatterND always copies its input (its kernel is not
 declared in-place), so on the CPU the gathered form costs two copies of every
-lane's cache per layer and the pass form one; the onnxruntime backend runs the
-pass form over zero-copy views of the host cache. A model directory holds both
+lane's cache per layer and the pass form one, ScatterND's; the onnxruntime backend
+runs the pass form over zero-copy views of its host cache, which it holds at the
+extent its lanes need. A model directory holds both
 (``decoder.onnx``, ``decoder_pass.onnx``), sharing one weight file.
 
 Outputs::
@@ -71,9 +74,14 @@ probabilities are cast to ``C`` for the ``PV`` matmul) and the logits. With
 ``precision="fp32"`` there is no ``Cast`` at all. ``weight_dtype="int8"`` keeps
 ``DequantizeLinear`` (to float32) and casts its output to ``C``.
 
-Key extent. The pass form (the graph onnxruntime runs) reads keys ``0 .. E - 1`` only,
-``E`` the pass's largest position plus one rounded up to :data:`KEY_BLOCK` (64), at most
-``S``: a pass costs what its positions need, not the window. A row at position ``p``
+Key extent. The pass form (the graph onnxruntime runs) reads keys ``0 .. E - 1``, ``E``
+the length of the caches bound to it, which the runtime chooses:
+:mod:`sf_trt.backends.ort_decoder` binds its lanes' caches at the pass's largest position
+plus one rounded up to its ``KEY_BLOCK`` (64), at most ``S`` (or at the length its host
+arrays hold, when that is less than twice as long), so a pass costs what its positions need,
+not the window, and the graph copies nothing to get there. (Until model-directory format 13
+the graph sliced ``E`` out of caches bound at ``S``: a second copy per layer.) Every
+position the pass writes must lie below ``E``. A row at position ``p``
 reads the same keys ``0 .. p`` whatever ``E`` is; the keys from ``p + 1`` to ``E - 1``
 get ``-inf``, so their softmax weights are exactly 0 and their products in the ``PV``
 matmul exactly 0, and adding an exact 0 changes no partial sum. What could change a
@@ -81,10 +89,15 @@ row's bits is where its real keys fall in the kernels' vector loops: they start 
 0 for every ``E``, and ``E`` is a multiple of every vector width onnxruntime's CPU
 kernels step by, so the real keys take the vector path at every extent
 (``tests/backends/test_row_independence.py``: extents from 64 to the whole window, the
-tiny model at two optimization levels and 1/2 threads, and the real model). Padding
-rows count too: the onnxruntime backend puts them at the positions right after their
+tiny model at two optimization levels and 1/2 threads, and the real model;
+``tests/backends/test_ort_decoder.py``: the host arrays grown and shrunk mid-conversation).
+Padding rows count too: the onnxruntime backend puts them at the positions right after their
 lane's rows (capped at the trash slot ``S - 1``), which raises ``E`` by at most the
 pass's rows per lane. The ``slots`` form (TensorRT's engines, one fixed shape) reads ``S`` keys.
+Tried for the copy ScatterND still makes, and dropped: onnxruntime's ``GroupQueryAttention``
+(writes a shared cache buffer, but refuses passes of several lanes with several rows each, and
+its one-row path is not row-exact: MLAS takes another path at M == 1) and opset 23's
+``Attention`` (bit-identical, not faster).
 
 Weights (``weight_dtype``): ``"float32"`` (the GGUF dequantized), ``"int8"`` (per-channel
 int8, ``DequantizeLinear``) or ``"q4"``: every layer matrix in 4 bits per block of 32 in
@@ -117,7 +130,7 @@ Ops (default domain, opset 17): Gather, MatMul, Gemm, Split, Reshape, Transpose,
 Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
 ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
 Tanh with a GELU gate; Sub and Greater with a sliding window;
-DequantizeLinear with int8 weights; Cast below fp32; ArgMax, ReduceMax and Slice in the
+DequantizeLinear with int8 weights; Cast below fp32; ArgMax and Constant in the
 pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 or gguf weights.
 """
 
@@ -230,10 +243,6 @@ def build_decoder_graph(
 KEY_INDEX = "key_idx"
 """The tensor of key positions attention reads, ``[S]`` (``[E]`` in the pass form): named so that
 :func:`pass_form` can replace it."""
-KEY_BLOCK = 64
-"""The pass form reads keys ``0 .. E - 1``, ``E`` the pass's largest position + 1 rounded up to a
-multiple of this (at most ``S``): a multiple of every vector width onnxruntime's CPU kernels step by
-(module docstring, *Key extent*)."""
 
 DECODER_MAX_LANES = 2**16
 """The lane count the decoder graph states as its bound when ``max_lanes`` is not fixed."""
@@ -614,9 +623,11 @@ def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs, precision) -> tu
 
 def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the caches of the
-    pass's lanes as inputs, and attention over the pass's key extent only (module docstring,
-    *Key extent*): each cache is sliced to its first ``E`` positions where the slots form gathers
-    its lanes, and the key index is ``0 .. E - 1``. One more output
+    pass's lanes as inputs, read whole: their length ``E`` (the ``cache_len`` dim, symbolic) is
+    the pass's key extent, which the runtime chooses (module docstring, *Key extent*), and the
+    key index is ``0 .. E - 1`` from the bound cache's shape. Where the slots form gathers its
+    lanes the pass form reads the input itself, so each layer copies its lanes' caches once
+    (ScatterND's output), not twice. One more output
     (:data:`~sf_trt.formats.model_dir.PASS_OUTPUTS`): each logit row's greedy token, so a greedy
     step needs no second run. (Not its largest value: onnxruntime's ``ReduceMax`` passes over a
     NaN, which the row check must see.)
@@ -628,30 +639,34 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     if "lane_ids" not in {i.name for i in graph.input}:
         raise ValueError("pass_form: the graph has no lane_ids input (already the pass form?)")
     caches = {i.name for i in graph.input if i.name.startswith(("past_key_", "past_value_"))}
-    gathers = {n.output[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
+    # each gather of a cache's lanes -> the cache input itself
+    renamed = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in caches}
     out = onnx.ModelProto()
     out.ir_version, out.producer_name = model.ir_version, model.producer_name
     out.opset_import.extend(model.opset_import)
     g = out.graph
     g.name = graph.name
-    g.initializer.extend(t for t in graph.initializer if t.name != KEY_INDEX)
-    g.node.extend(_key_extent_nodes(next(iter(sorted(caches)))))
+    nodes = _key_index_nodes(min(caches))
     for node in graph.node:
-        if node.output[0] == KEY_INDEX:
+        if node.output[0] == KEY_INDEX or node.output[0] in renamed:
             continue
-        new = g.node.add()
-        if node.output[0] in gathers:  # lanes' caches -> the pass's caches up to the key extent
-            new.CopyFrom(helper.make_node("Slice", [node.input[0], "pass_zero1", "key_extent_1", "pass_axis2"], [node.output[0]], name=node.name))
-        else:
-            new.CopyFrom(node)
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.input[:] = [renamed.get(name, name) for name in node.input]
+        nodes.append(new)
+    g.node.extend(_live(nodes, [o.name for o in graph.output]))
+    used = {name for node in g.node for name in node.input}
+    g.initializer.extend(t for t in graph.initializer if t.name in used and t.name != KEY_INDEX)
     for vi in graph.input:
         if vi.name == "lane_ids":
             continue
         new = g.input.add()
         new.CopyFrom(vi)
-        if vi.name in caches:
-            new.type.tensor_type.shape.dim[0].Clear()
-            new.type.tensor_type.shape.dim[0].dim_param = "batch"
+        if vi.name in caches:  # [batch, nkv, cache_len, hd]: the pass's lanes, at the pass's extent
+            dims = new.type.tensor_type.shape.dim
+            for axis, name in ((0, "batch"), (2, "cache_len")):
+                dims[axis].Clear()
+                dims[axis].dim_param = name
     g.output.extend(graph.output)
     (greedy,) = PASS_OUTPUTS  # what a greedy sampler computes, in the same run
     g.node.append(helper.make_node("ArgMax", [OUTPUTS[0]], [greedy], name=greedy, axis=1, keepdims=0, select_last_index=0))
@@ -660,23 +675,25 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _key_extent_nodes(cache: str) -> list[onnx.NodeProto]:
-    """``E = min(S, (max(positions) + KEY_BLOCK) div KEY_BLOCK * KEY_BLOCK)`` (``S`` the cache
-    input's length), ``key_extent_1 = [E]``, and ``key_idx = 0 .. E - 1``; integers below ``S``."""
+def _key_index_nodes(cache: str) -> list[onnx.NodeProto]:
+    """``key_idx = 0 .. E - 1``, ``E`` the length (axis 2) of the cache input ``cache``."""
     def const(name: str, value) -> onnx.NodeProto:
         return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
 
     make = helper.make_node
     return [
-        const("pass_zero", 0), const("pass_one", 1), const("pass_block", KEY_BLOCK), const("pass_zero1", [0]),
-        const("pass_axis2", [2]), const("pass_two", 2),
+        const("pass_zero", 0), const("pass_one", 1), const("pass_two", 2),
         make("Shape", [cache], ["pass_cache_shape"], name="pass_cache_shape"),
-        make("Gather", ["pass_cache_shape", "pass_two"], ["pass_cache_len"], name="pass_cache_len", axis=0),  # S
-        make("ReduceMax", ["positions"], ["pass_last"], name="pass_last", keepdims=0),
-        make("Add", ["pass_last", "pass_block"], ["pass_last_up"], name="pass_last_up"),
-        make("Div", ["pass_last_up", "pass_block"], ["pass_blocks"], name="pass_blocks"),
-        make("Mul", ["pass_blocks", "pass_block"], ["pass_blocked"], name="pass_blocked"),
-        make("Min", ["pass_blocked", "pass_cache_len"], ["key_extent"], name="key_extent"),
-        make("Unsqueeze", ["key_extent", "pass_zero1"], ["key_extent_1"], name="key_extent_1"),
+        make("Gather", ["pass_cache_shape", "pass_two"], ["key_extent"], name="key_extent", axis=0),  # E
         make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),
     ]
+
+
+def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
+    """``nodes`` (in order) less those no graph output depends on."""
+    needed, live = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(node.input)
+    return live[::-1]

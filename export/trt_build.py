@@ -29,7 +29,7 @@ from sf_trt.backends.tensorrt.errors import TensorRTUnavailable
 from sf_trt.backends.tensorrt.probes import device_info, import_tensorrt, start_tensorrt, trt_dtype_name
 from sf_trt.formats.files import sha256_file
 from sf_trt.formats.manifest import BuildSettings, EngineManifest, write_manifest
-from sf_trt.formats.model_dir import graph_precision
+from sf_trt.formats.model_dir import GRAPH_FILE, PASS_GRAPH_FILE, graph_precision
 from sf_trt.formats.shapes import IOTensor, Profile, ShapeError, load_graph, onnx_io, profile_of
 
 from .trt_config import OPTIONAL_FLAGS, BuildConfig, BuildError, build_settings, graph_kind
@@ -60,6 +60,7 @@ def graph_to_build(
     onnx_path = Path(onnx_path)
     try:
         model = load_graph(onnx_path)
+        _refuse_pass_form(onnx_path, model)
         found = errors_in(check_graph(model, max_opset=max_opset, plugins=plugins))
         if found:
             raise BuildError(f"{onnx_path}: TensorRT's ONNX parser would refuse {len(found)} node(s):\n{format_findings(found)}")
@@ -73,6 +74,18 @@ def graph_to_build(
     if graph.kind == "decoder":
         _check_decoder_cache(graph, cfg)
     return graph
+
+
+def _refuse_pass_form(onnx_path: Path, model) -> None:
+    """A decoder without ``lane_ids`` is the pass form (``decoder_pass.onnx``), onnxruntime's: it
+    takes the pass's lanes' caches at a key extent the runtime picks per pass. A TensorRT engine
+    has one shape and binds its caches once, whole: the slots form (``decoder.onnx``)."""
+    names = {i.name for i in model.graph.input}
+    if "past_key_0" in names and "lane_ids" not in names:
+        raise BuildError(
+            f"{onnx_path}: a decoder graph without a lane_ids input (the pass form, {PASS_GRAPH_FILE}, which onnxruntime "
+            f"runs over caches bound per pass); TensorRT builds the slots form: build {GRAPH_FILE} of the same model directory"
+        )
 
 
 def _check_decoder_cache(graph: GraphToBuild, cfg: BuildConfig) -> None:

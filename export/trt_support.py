@@ -770,7 +770,7 @@ _SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 
 _DATA_DEPENDENT_EXPECTED = (
     "every dim fixed by the engine's one profile, sized by input shapes or constants, not values "
-    "(decoder_pass.onnx sizes its key extent from `positions`: it is onnxruntime's; TensorRT builds decoder.onnx)"
+    "(a decoder's key extent is the length of its bound caches, a shape, never a value of `positions`)"
 )
 
 

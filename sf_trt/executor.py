@@ -75,7 +75,7 @@ from .abi import Finish, Sampling, SamplingFlag, SamplingParams, Status, StatusE
 from .drafting import Drafter
 from .engine import TOP_LOGPROBS_MAX, Admit, Decode, Emit, Events, Plan, Prefill, Release, SpecCounts, TokenLogprobs, TokenRef, TokenRing
 from .penalties import LanePenalties, pack
-from .prefix_cache import CachedBlock, PrefixCache
+from .prefix_cache import BLOCK_TOKENS, CachedBlock, PrefixCache
 from .primitives import Capabilities, PrimitivesBase, RowFault, Rows, SampleRows
 from .strategies import Certificate, Grant, make_grant
 
@@ -137,8 +137,9 @@ class ExecutorConfig:
     ``ring_capacity``: tokens each lane's output ring holds (and the most one
     ``decode`` may ask for). ``max_prefill_rows``: rows per prefill pass (None:
     the backend's ``max_rows_per_pass``). ``prefix_cache_mb``: MiB of the prefix
-    cache (:mod:`sf_trt.prefix_cache`; 0: none, the bare executor's default; the
-    command line and the server default to ``DEFAULT_PREFIX_CACHE_MB``).
+    cache (:mod:`sf_trt.prefix_cache`; the backend allocates its block pool once at
+    this size; 0: none, the bare executor's default; the command line and the server
+    default to ``DEFAULT_PREFIX_CACHE_MB``).
     """
 
     ring_capacity: int = 4096
@@ -256,7 +257,8 @@ class Executor:
                     f"Executor: prefix_cache_mb {config.prefix_cache_mb} asks for a prefix cache, and {type(primitives).__name__} "
                     "cannot save or load state (use prefix_cache_mb=0)",
                 )
-            self.prefix_cache = PrefixCache(config.prefix_cache_mb << 20)
+            budget = config.prefix_cache_mb << 20
+            self.prefix_cache = PrefixCache(primitives.open_block_pool(budget, BLOCK_TOKENS), budget)
         self.prefix_queries = 0
         """Prompt tokens of lanes admitted while the prefix cache was on (vLLM's prefix_cache_queries)."""
         self.prefix_hits = 0
@@ -532,7 +534,7 @@ class Executor:
             lane.prefix = cache.match(lane.scope, tokens, op.cached_len)  # the check saw them: nothing was evicted since
             cache.pin(lane.prefix)
             lane.prefilled_len = op.cached_len
-            if self._call("prefix load", [lane], self.primitives.load_prefix, slot, [b.state for b in lane.prefix]) is not _FAULT:
+            if self._call("prefix load", [lane], self.primitives.load_prefix, slot, [b.index for b in lane.prefix]) is not _FAULT:
                 self.prefix_hits += op.cached_len
 
     def _save_prefix(self, lane: _Lane, length: int) -> None:
@@ -540,12 +542,10 @@ class Executor:
         if self.prefix_cache is None or lane.error is not None:
             return
 
-        def read(start: int, n: int) -> Any:
-            state = self._call("prefix save", [lane], self.primitives.save_block, lane.slot, start, n)
-            return None if state is _FAULT else state
+        def save(start: int, index: int) -> bool:
+            return self._call("prefix save", [lane], self.primitives.save_block, lane.slot, start, index) is not _FAULT
 
-        block_bytes = self.prefix_cache.block_tokens * self.caps.state_bytes_per_token
-        lane.prefix = self.prefix_cache.extend(lane.scope, lane.prefix, lane.tokens, length, read, block_bytes)
+        lane.prefix = self.prefix_cache.extend(lane.scope, lane.prefix, lane.tokens, length, save)
 
     def _prefill(self, prefills: list[Prefill], out: dict[int, _TickOut]) -> None:
         """Forward the prompt chunks (all but each prompt's last token) in packed passes.

@@ -13,8 +13,10 @@ by a hash of the same triple and must trust the hash; a radix tree would give th
 same lookups at the same cost with more code). A lookup walks the prompt's blocks
 while they are found: ``prompt_len / BLOCK_TOKENS`` dict lookups.
 
-Memory: blocks hold the backend's state (:class:`~sf_trt.primitives.StateBlock`);
-their bytes stay within ``budget_bytes``. A lane *pins* the chain it loaded or saved
+Memory: a block's state lives in a slot of the backend's block pool
+(:class:`~sf_trt.block_pool.BlockPool`, allocated once at the budget), which this index
+hands out and takes back: a block kept takes a slot, an evicted one gives its slot
+back, so the cache never holds more than the pool. A lane *pins* the chain it loaded or saved
 until it is released, and a block with cached children is never evicted before
 them, so eviction takes least recently used leaves only and never what a running
 lane uses; when nothing can be evicted, a new block is simply not kept.
@@ -30,7 +32,7 @@ import dataclasses
 import heapq
 from typing import Callable, Optional, Sequence
 
-from .primitives import StateBlock
+from .block_pool import BlockPool
 
 __all__ = ["BLOCK_TOKENS", "DEFAULT_PREFIX_CACHE_MB", "CachedBlock", "PrefixCache"]
 
@@ -49,7 +51,8 @@ class CachedBlock:
     block_id: int
     key: tuple
     start: int
-    state: StateBlock
+    index: int
+    """Its slot in the block pool."""
     refs: int = 0
     """Lanes pinning it (their chains)."""
     children: int = 0
@@ -58,20 +61,26 @@ class CachedBlock:
 
 
 class PrefixCache:
-    """Blocks of model state keyed by their token prefix, LRU under ``budget_bytes``."""
+    """Blocks of model state keyed by their token prefix, in ``pool``'s slots, least recently
+    used evicted when the pool is full."""
 
-    def __init__(self, budget_bytes: int, block_tokens: int = BLOCK_TOKENS) -> None:
-        if budget_bytes < 0 or block_tokens < 1:
-            raise ValueError(f"PrefixCache: need budget_bytes >= 0 and block_tokens >= 1 (got {budget_bytes}, {block_tokens})")
-        self.budget_bytes = int(budget_bytes)
-        self.block_tokens = int(block_tokens)
-        self.bytes = 0
+    def __init__(self, pool: BlockPool, budget_bytes: Optional[int] = None) -> None:
+        if budget_bytes is not None and pool.nbytes > budget_bytes:
+            raise ValueError(f"PrefixCache: a pool of {pool.nbytes} bytes for a budget of {budget_bytes}")
+        self.pool = pool
+        self.block_tokens = pool.block_tokens
+        self.budget_bytes = pool.nbytes if budget_bytes is None else int(budget_bytes)
         self.evictions = 0
         self._blocks: dict[tuple, CachedBlock] = {}
         self._by_id: dict[int, CachedBlock] = {}
         self._next_id = 1
         self._clock = 0
         self._lru: list[tuple[int, int]] = []  # (last_used, block id), lazily stale
+
+    @property
+    def bytes(self) -> int:
+        """Bytes the cached blocks hold (their pool slots)."""
+        return self.pool.used * self.pool.block_bytes
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -118,13 +127,12 @@ class PrefixCache:
         chain: list[CachedBlock],
         tokens: Sequence[int],
         length: int,
-        read: Callable[[int, int], Optional[StateBlock]],
-        block_bytes: int,
+        save: Callable[[int, int], bool],
     ) -> list[CachedBlock]:
         """Grow the pinned ``chain`` (a lane's) over the whole blocks of ``tokens[:length]``:
-        blocks already cached are adopted, the others read from the lane with
-        ``read(start, length)`` (None: the read failed, stop) and kept while the budget
-        allows (``block_bytes`` each). Returns the chain, every block of it pinned."""
+        blocks already cached are adopted, the others saved from the lane into a pool slot
+        with ``save(start, index)`` (False: the save failed, stop) while a slot can be had.
+        Returns the chain, every block of it pinned."""
         if scope is None:
             return chain
         b = self.block_tokens
@@ -133,12 +141,13 @@ class PrefixCache:
             key = (scope, parent.block_id if parent else 0, tuple(tokens[start : start + b]))
             block = self._blocks.get(key)
             if block is None:
-                if not self._make_room(block_bytes):
+                index = self._take_slot()
+                if index is None:
                     break
-                state = read(start, b)
-                if state is None:
+                if not save(start, index):
+                    self.pool.give_back(index)
                     break
-                block = self._insert(key, start, state, parent)
+                block = self._insert(key, start, index, parent)
             block.refs += 1
             chain.append(block)
         self._touch(chain)
@@ -146,21 +155,20 @@ class PrefixCache:
 
     # -- memory ------------------------------------------------------------------------------
 
-    def _insert(self, key: tuple, start: int, state: StateBlock, parent: Optional[CachedBlock]) -> CachedBlock:
-        block = CachedBlock(self._next_id, key, start, state)
+    def _insert(self, key: tuple, start: int, index: int, parent: Optional[CachedBlock]) -> CachedBlock:
+        block = CachedBlock(self._next_id, key, start, index)
         self._next_id += 1
         self._blocks[key] = self._by_id[block.block_id] = block
-        self.bytes += state.nbytes
         if parent is not None:
             parent.children += 1
         return block
 
-    def _make_room(self, nbytes: int) -> bool:
-        """Evict least recently used unpinned leaves until ``nbytes`` more fit; False if they cannot."""
-        while self.bytes + nbytes > self.budget_bytes:
-            if not self._evict_one():
-                return False
-        return True
+    def _take_slot(self) -> Optional[int]:
+        """A pool slot, evicting least recently used unpinned leaves until one is free; None if none can be."""
+        index = self.pool.take()
+        while index is None and self._evict_one():
+            index = self.pool.take()
+        return index
 
     def _evict_one(self) -> bool:
         while self._lru:
@@ -169,7 +177,7 @@ class PrefixCache:
             if block is None or block.last_used != used or block.refs or block.children:
                 continue  # stale: gone, touched since, pinned, or a parent
             del self._blocks[block.key], self._by_id[block_id]
-            self.bytes -= block.state.nbytes
+            self.pool.give_back(block.index)
             self.evictions += 1
             parent = self._by_id.get(block.key[1])
             if parent is not None:
@@ -196,10 +204,10 @@ class PrefixCache:
     # -- for tests ---------------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Raise AssertionError if the books disagree: bytes, budget, children, refs, keys."""
-        total = sum(b.state.nbytes for b in self._blocks.values())
-        if total != self.bytes or self.bytes > self.budget_bytes:
-            raise AssertionError(f"prefix cache: {self.bytes} bytes booked, {total} held, budget {self.budget_bytes}")
+        """Raise AssertionError if the books disagree: pool slots, budget, children, refs, keys."""
+        if self.pool.used != len(self._blocks) or self.pool.nbytes > self.budget_bytes:
+            raise AssertionError(f"prefix cache: {len(self._blocks)} blocks, {self.pool.used} pool slots taken, a pool of {self.pool.nbytes} bytes for a {self.budget_bytes} budget")
+        self.pool.check_integrity(b.index for b in self._blocks.values())
         children: dict[int, int] = {}
         for key, block in self._blocks.items():
             if self._by_id.get(block.block_id) is not block or block.key != key or block.refs < 0:

@@ -14,10 +14,12 @@ is given and must start each lane exactly at ``state_len``; rolling back is
 ``truncate(s, length)``: the length moves back and rows past it are dead, to be
 overwritten by the next pass (gpt-fast's cursor, not a copy).
 
-Prefix state (optional, ``Capabilities.state_bytes_per_token > 0``): ``save_block``
-copies positions of a slot's state out as a :class:`StateBlock`, and
-``load_prefix`` writes blocks into an empty slot as its first positions; the
-executor's prefix cache (:mod:`sf_trt.prefix_cache`) keeps them across requests.
+Prefix state (optional, ``Capabilities.state_bytes_per_token > 0``): the backend
+allocates a :class:`~sf_trt.block_pool.BlockPool` once (``open_block_pool``, sized to
+the prefix cache's budget); ``save_block`` copies a block of a slot's positions into
+a taken slot of the pool, and ``load_prefix`` writes pool blocks into an empty slot
+as its first positions; the executor's prefix cache (:mod:`sf_trt.prefix_cache`)
+decides which pool slots hold what, across requests.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from typing import Any, Optional
 import numpy as np
 
 from .abi import Sampling, Status, StatusError
+from .block_pool import BlockPool
 
-__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "SAMPLE_ROW_FIELDS", "RowFault", "StateBlock", "PrimitivesBase"]
+__all__ = ["Capabilities", "Rows", "LogitAdjust", "SampleRows", "SAMPLE_ROW_FIELDS", "RowFault", "PrimitivesBase"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,19 +59,8 @@ class Capabilities:
     """The backend reports each drawn token's logprob and the most likely alternatives
     (:meth:`PrimitivesBase.logprobs`); lanes may ask for logprobs only then."""
     state_bytes_per_token: int = 0
-    """Bytes of state one position holds when saved (``save_block``/``load_prefix``);
-    0: the backend cannot save and load state, so it has no prefix cache."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StateBlock:
-    """``length`` positions of one slot's state, copied out by :meth:`PrimitivesBase.save_block`:
-    ``data`` is the backend's (the decoder: K and V ``[n_layers, n_kv_heads, length,
-    head_dim]``; the fake: the tokens); ``nbytes`` what it holds."""
-
-    length: int
-    data: Any
-    nbytes: int
+    """Bytes of state one position holds in a block pool (``open_block_pool``, ``save_block``,
+    ``load_prefix``); 0: the backend cannot save and load state, so it has no prefix cache."""
 
 
 def _int_rows(name: str, value: Any, op: str) -> np.ndarray:
@@ -206,6 +198,8 @@ class PrimitivesBase:
     def __init__(self, capabilities: Capabilities) -> None:
         self.capabilities = capabilities
         self._state_len = np.zeros(capabilities.max_lanes, np.int64)
+        self.block_pool: Optional[BlockPool] = None
+        """Where prefix blocks live (:meth:`open_block_pool`); None until opened."""
 
     # -- the protocol -------------------------------------------------------
 
@@ -265,30 +259,40 @@ class PrimitivesBase:
         self._release_impl(lane)
         self._state_len[lane] = 0
 
-    def save_block(self, lane: int, start: int, length: int) -> StateBlock:
-        """A copy of positions ``[start, start + length)`` of slot ``lane``'s state
-        (within its ``state_len``); needs ``state_bytes_per_token > 0``."""
-        op = f"save_block(lane={lane}, start={start}, length={length})"
-        self._check_lane("save_block", lane)
+    def open_block_pool(self, budget_bytes: int, block_tokens: int) -> BlockPool:
+        """Allocate the pool prefix blocks live in, once: as many blocks of ``block_tokens``
+        positions as ``budget_bytes`` holds (``state_bytes_per_token`` each position). It is
+        ``self.block_pool`` afterwards; a later call replaces it (what the old one held is gone)."""
+        op = f"open_block_pool(budget_bytes={budget_bytes}, block_tokens={block_tokens})"
         self._check_state_io(op)
-        current = int(self._state_len[lane])
-        if not (0 <= start and 1 <= length and start + length <= current):
-            raise StatusError(Status.BAD_ARGUMENT, f"{op}: outside the state's {current} positions")
-        data = self._save_block_impl(lane, int(start), int(length))
-        return StateBlock(int(length), data, int(length) * self.capabilities.state_bytes_per_token)
+        if not (int(budget_bytes) >= 0 and int(block_tokens) >= 1):
+            raise StatusError(Status.BAD_ARGUMENT, f"{op}: need budget_bytes >= 0 and block_tokens >= 1")
+        self.block_pool = BlockPool.for_budget(int(budget_bytes), int(block_tokens), self._block_parts(int(block_tokens)))
+        return self.block_pool
 
-    def load_prefix(self, lane: int, blocks: list[StateBlock]) -> None:
-        """Make ``blocks``, in order, the first positions of empty slot ``lane``'s state;
-        its ``state_len`` is then their total length."""
+    def save_block(self, lane: int, start: int, index: int) -> None:
+        """Copy positions ``[start, start + block_tokens)`` of slot ``lane``'s state (within its
+        ``state_len``) into block ``index`` of the pool, a slot the caller took from it."""
+        op = f"save_block(lane={lane}, start={start}, index={index})"
+        self._check_lane("save_block", lane)
+        pool = self._check_pool(op, [index])
+        current = int(self._state_len[lane])
+        if not (0 <= start and start + pool.block_tokens <= current):
+            raise StatusError(Status.BAD_ARGUMENT, f"{op}: a block of {pool.block_tokens} positions from {start} is outside the state's {current} positions")
+        self._save_block_impl(lane, int(start), int(index))
+
+    def load_prefix(self, lane: int, indices: list[int]) -> None:
+        """Make pool blocks ``indices``, in order, the first positions of empty slot ``lane``'s
+        state; its ``state_len`` is then ``len(indices) * block_tokens``."""
         self._check_lane("load_prefix", lane)
-        total = sum(int(b.length) for b in blocks)
-        op = f"load_prefix(lane={lane}, {len(blocks)} blocks of {total} positions)"
-        self._check_state_io(op)
+        op = f"load_prefix(lane={lane}, {len(indices)} blocks)"
+        pool = self._check_pool(op, indices)
+        total = len(indices) * pool.block_tokens
         if self._state_len[lane]:
             raise StatusError(Status.BAD_ARGUMENT, f"{op}: the slot holds {int(self._state_len[lane])} positions (it must be empty)")
         if total > self.capabilities.max_context - 1:
-            raise StatusError(Status.CAPACITY_EXHAUSTED, f"{op}: more than the context's {self.capabilities.max_context} positions leave room for")
-        self._load_prefix_impl(lane, blocks)
+            raise StatusError(Status.CAPACITY_EXHAUSTED, f"{op}: {total} positions, more than the context's {self.capabilities.max_context} leave room for")
+        self._load_prefix_impl(lane, [int(i) for i in indices])
         self._state_len[lane] = total
 
     def state_len(self, lane: int) -> int:
@@ -347,10 +351,15 @@ class PrimitivesBase:
     def _release_impl(self, lane: int) -> None:
         self._truncate_impl(lane, 0)
 
-    def _save_block_impl(self, lane: int, start: int, length: int) -> Any:
+    def _block_parts(self, block_tokens: int) -> list[tuple[tuple[int, ...], Any]]:
+        """The ``(shape, dtype)`` of each array a block of ``block_tokens`` positions holds
+        (:class:`~sf_trt.block_pool.BlockPool`'s ``parts``)."""
         raise NotImplementedError
 
-    def _load_prefix_impl(self, lane: int, blocks: list[StateBlock]) -> None:
+    def _save_block_impl(self, lane: int, start: int, index: int) -> None:
+        raise NotImplementedError
+
+    def _load_prefix_impl(self, lane: int, indices: list[int]) -> None:
         raise NotImplementedError
 
     def _logprobs_impl(self, logits: Any, rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -367,6 +376,19 @@ class PrimitivesBase:
     def _check_state_io(self, op: str) -> None:
         if self.capabilities.state_bytes_per_token <= 0:
             raise StatusError(Status.UNSUPPORTED, f"{op}: {type(self).__name__} cannot save or load state (no prefix cache)")
+
+    def _check_pool(self, op: str, indices: list[int]) -> BlockPool:
+        """The pool, open, with every one of ``indices`` a taken slot of it."""
+        self._check_state_io(op)
+        pool = self.block_pool
+        if pool is None:
+            raise StatusError(Status.BAD_ARGUMENT, f"{op}: no block pool (open_block_pool first)")
+        for index in indices:
+            if not (isinstance(index, (int, np.integer)) and pool.is_taken(index)):
+                raise StatusError(
+                    Status.BAD_ARGUMENT, f"{op}: block {index!r} is not a taken slot of the pool ({pool.used} of {pool.capacity} taken)"
+                )
+        return pool
 
     def _check_rows(self, rows: Rows) -> tuple[np.ndarray, ...]:
         caps = self.capabilities

@@ -33,7 +33,7 @@ INNER = (
     ("abi", "version"),
     ("formats", "tokenizer", "models"),
     ("graphs",),
-    ("engine", "primitives", "outputs"),
+    ("engine", "primitives", "outputs", "block_pool"),
     ("drafting", "strategies", "penalties", "grammar", "prefix_cache"),
     ("executor", "testing", "faults"),
     ("backends", "fake"),
@@ -42,7 +42,7 @@ INNER = (
 )
 """The runtime's parts from the bottom up (``sf_trt.<part>`` and its submodules): the ABI;
 what is read from disk (formats, tokenizers, the model cache); the ONNX graphs the runtime
-builds; plans, events and outputs, and the backend protocol; drafters and their
+builds; plans, events and outputs, and the backend protocol with its host memory (the block pool); drafters and their
 registration, each lane's logit adjustments and grammar, and the prefix cache; the executor (and what drives it in tests); the backends that implement
 the protocol; whole requests over the executor; the HTTP shell."""
 PACKAGE_OF = {"sf_trt": "sf_trt", "export": "sf_trt.export", "cli": "sf_trt.cli"}

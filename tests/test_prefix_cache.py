@@ -14,8 +14,8 @@ from sf_trt.abi import Finish, Sampling, SamplingParams, Status, StatusError
 from sf_trt.engine import Plan
 from sf_trt.executor import Executor, ExecutorConfig
 from sf_trt.fake import FakeConfig, FakePrimitives
+from sf_trt.block_pool import BlockPool
 from sf_trt.prefix_cache import BLOCK_TOKENS, PrefixCache
-from sf_trt.primitives import StateBlock
 from sf_trt.testing import Harness
 
 from lanes import LaneSpec, run_lanes
@@ -25,62 +25,88 @@ CFG = FakeConfig(vocab=24, eos=23, copy_model=True, verify_rows=True, max_lanes=
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95)
 
 
-def block(n: int = B, nbytes: int = 100) -> StateBlock:
-    return StateBlock(n, np.zeros(n, np.int64), nbytes)
+def pool(blocks: int) -> BlockPool:
+    """A pool of ``blocks`` blocks of B int64 positions (the fake's state)."""
+    return BlockPool(blocks, B, [((B,), np.int64)])
 
 
-def reader(log: list):
-    def read(start: int, n: int) -> StateBlock:
+def saver(log: list):
+    def save(start: int, index: int) -> bool:
         log.append(start)
-        return block(n)
-    return read
+        return True
+    return save
 
 
 # -- the index -----------------------------------------------------------------------------------
 
 
 def test_a_chain_is_found_block_by_block_and_only_in_its_scope():
-    cache = PrefixCache(10_000)
+    cache = PrefixCache(pool(100))
     tokens = list(range(50))
-    chain = cache.extend("a", [], tokens, 50, reader(read := []), 100)
+    chain = cache.extend("a", [], tokens, 50, saver(read := []))
     assert read == [0, 16, 32] and len(chain) == 3
     assert cache.cached_len("a", tokens, 49) == 48
     assert cache.cached_len("a", tokens, 47) == 32  # whole blocks within the limit only
     assert cache.cached_len("a", tokens[:20] + [99] + tokens[21:], 49) == 16  # a changed token ends the match
     assert cache.cached_len("b", tokens, 49) == 0
     assert cache.cached_len(None, tokens, 49) == 0
-    assert cache.extend(None, [], tokens, 50, reader(none := []), 100) == [] and none == []
-    again = cache.extend("a", [], tokens, 50, reader(twice := []), 100)
+    assert cache.extend(None, [], tokens, 50, saver(none := [])) == [] and none == []
+    again = cache.extend("a", [], tokens, 50, saver(twice := []))
     assert twice == [] and [b.block_id for b in again] == [b.block_id for b in chain]  # adopted, not read again
     assert [b.refs for b in chain] == [2, 2, 2]
     cache.check_integrity()
 
 
 def test_eviction_takes_least_recently_used_leaves_and_never_a_pinned_block():
-    cache = PrefixCache(400)  # four blocks of 100 bytes
-    old = cache.extend("", [], [1] * 32, 32, reader([]), 100)
-    new = cache.extend("", [], [2] * 32, 32, reader([]), 100)
+    cache = PrefixCache(pool(4))  # four blocks
+    old = cache.extend("", [], [1] * 32, 32, saver([]))
+    new = cache.extend("", [], [2] * 32, 32, saver([]))
     cache.unpin(old)
     cache.unpin(new)
     cache.match("", [1] * 32, 32)  # old is now the more recently used
-    pinned = cache.extend("", [], [3] * 32, 32, reader([]), 100)
+    pinned = cache.extend("", [], [3] * 32, 32, saver([]))
     assert cache.cached_len("", [2] * 33, 32) == 0 and cache.cached_len("", [1] * 33, 32) == 32
     assert cache.evictions == 2
     # every block pinned or a parent: a new block is not kept, nothing pinned is taken
     cache.pin(cache.match("", [1] * 32, 32))
-    assert cache.extend("", [], [4] * 32, 32, reader(read := []), 100) == [] and read == []
+    assert cache.extend("", [], [4] * 32, 32, saver(read := [])) == [] and read == []
     assert cache.cached_len("", [3] * 33, 32) == 32 and len(pinned) == 2
     assert cache.bytes <= cache.budget_bytes
     cache.check_integrity()
 
 
 def test_a_parent_outlives_its_children():
-    cache = PrefixCache(300)
-    chain = cache.extend("", [], list(range(48)), 48, reader([]), 100)
+    cache = PrefixCache(pool(3))
+    chain = cache.extend("", [], list(range(48)), 48, saver([]))
     cache.unpin(chain)
-    cache.extend("", [], [7] * 16, 16, reader([]), 100)  # room for one: the deepest block goes first
+    cache.extend("", [], [7] * 16, 16, saver([]))  # room for one: the deepest block goes first
     assert cache.cached_len("", list(range(48)) + [0], 48) == 32
     cache.check_integrity()
+
+
+def test_blocks_take_pool_slots_and_eviction_gives_them_back():
+    cache = PrefixCache(pool(2))
+    first = cache.extend("", [], list(range(32)), 32, saver([]))
+    assert sorted(b.index for b in first) == [0, 1] and cache.pool.used == 2 and cache.bytes == 2 * B * 8
+    cache.unpin(first)
+    second = cache.extend("", [], [5] * 16, 16, saver([]))  # the leaf of the first chain goes, its slot is reused
+    assert second[0].index == first[1].index and cache.evictions == 1 and cache.pool.used == 2
+    failed = cache.extend("", [], [6] * 16, 16, lambda start, index: False)  # the first chain's root goes for it
+    assert failed == [] and cache.evictions == 2 and cache.pool.used == 1  # and a failed save keeps no slot
+    third = cache.extend("", [], [7] * 16, 16, saver([]))
+    assert cache.extend("", [], [8] * 16, 16, saver(tried := [])) == [] and tried == []  # both pinned: nothing to evict
+    assert cache.pool.used == 2 and {second[0].index, third[0].index} == {0, 1}
+    cache.check_integrity()
+
+
+def test_integrity_catches_a_slot_the_books_do_not_hold():
+    cache = PrefixCache(pool(3))
+    cache.extend("", [], list(range(16)), 16, saver([]))
+    cache.pool.take()
+    with pytest.raises(AssertionError, match=r"prefix cache: 1 blocks, 2 pool slots taken"):
+        cache.check_integrity()
+    with pytest.raises(ValueError, match=r"PrefixCache: a pool of 384 bytes for a budget of 100"):
+        PrefixCache(pool(3), 100)
 
 
 # -- the executor on the fake ----------------------------------------------------------------------
@@ -149,25 +175,50 @@ def test_hits_and_queries_are_counted_in_tokens():
     ex.check_integrity()
 
 
+def test_the_executor_keeps_its_blocks_in_a_pool_opened_once_within_the_budget():
+    prims = fake()
+    ex = Executor(prims, ON)
+    pool = prims.block_pool
+    assert ex.prefix_cache.pool is pool and pool.capacity == (1 << 20) // (B * 8) and pool.nbytes <= ex.prefix_cache.budget_bytes
+    ex.prefix_cache = PrefixCache(prims.open_block_pool(2 * B * 8, B))  # two blocks: every new prompt evicts
+    arrays = prims.block_pool.arrays
+    rng = np.random.default_rng(7)
+    for lane in range(1, 7):
+        p = ex.register_prompt(rng.integers(0, 22, 40).tolist())
+        ex.tick(Plan().admit(lane, p).prefill(lane, 0, 40).decode(lane, 1).release(lane))
+        ex.check_integrity()
+        assert prims.block_pool.used == len(ex.prefix_cache) == 2
+    assert prims.block_pool.arrays is arrays and ex.prefix_cache.evictions == 10
+
+
 def test_a_backend_that_cannot_hold_state_refuses_a_prefix_cache():
     prims = fake()
     prims.capabilities = dataclasses.replace(prims.capabilities, state_bytes_per_token=0)
     with pytest.raises(StatusError, match=r"Executor: prefix_cache_mb 1 asks for a prefix cache, and FakePrimitives cannot save or load state") as err:
         Executor(prims, ON)
     assert err.value.status == Status.UNSUPPORTED
-    with pytest.raises(StatusError, match=r"save_block\(lane=0, start=0, length=1\): FakePrimitives cannot save or load state") as err:
-        prims.save_block(0, 0, 1)
-    assert err.value.status == Status.UNSUPPORTED
+    for call, op in ((lambda: prims.open_block_pool(1 << 20, B), r"open_block_pool\(budget_bytes=1048576, block_tokens=16\)"),
+                     (lambda: prims.save_block(0, 0, 1), r"save_block\(lane=0, start=0, index=1\)")):
+        with pytest.raises(StatusError, match=op + ": FakePrimitives cannot save or load state") as err:
+            call()
+        assert err.value.status == Status.UNSUPPORTED
 
 
 def test_state_io_is_checked_at_the_seam():
     prims = fake()
-    with pytest.raises(StatusError, match=r"save_block\(lane=0, start=0, length=16\): outside the state's 0 positions"):
-        prims.save_block(0, 0, 16)
-    prims.load_prefix(0, [StateBlock(2, np.array([1, 2]), 16)])
-    assert prims.state_len(0) == 2
-    with pytest.raises(StatusError, match=r"load_prefix\(lane=0, 1 blocks of 2 positions\): the slot holds 2 positions \(it must be empty\)"):
-        prims.load_prefix(0, [StateBlock(2, np.array([1, 2]), 16)])
+    with pytest.raises(StatusError, match=r"save_block\(lane=0, start=0, index=0\): no block pool \(open_block_pool first\)"):
+        prims.save_block(0, 0, 0)
+    pool = prims.open_block_pool(2 * B * 8, B)
+    taken = pool.take()
+    with pytest.raises(StatusError, match=r"save_block\(lane=0, start=0, index=0\): a block of 16 positions from 0 is outside the state's 0 positions"):
+        prims.save_block(0, 0, taken)
+    with pytest.raises(StatusError, match=r"load_prefix\(lane=0, 2 blocks\): block 1 is not a taken slot of the pool \(1 of 2 taken\)") as err:
+        prims.load_prefix(0, [taken, 1])
+    assert err.value.status == Status.BAD_ARGUMENT and prims.state_len(0) == 0
+    prims.load_prefix(0, [taken])
+    assert prims.state_len(0) == B
+    with pytest.raises(StatusError, match=r"load_prefix\(lane=0, 1 blocks\): the slot holds 16 positions \(it must be empty\)"):
+        prims.load_prefix(0, [taken])
 
 
 def test_a_failed_prefix_load_ends_that_lane_only():
@@ -218,7 +269,7 @@ def test_random_schedules_emit_the_same_with_the_cache_on(case):
     lanes, budget_mb = case
     ex = Executor(fake(), ExecutorConfig(prefix_cache_mb=1))
     if budget_mb == 0:  # a cache of three blocks (the fake holds 8 bytes a position): eviction on nearly every save
-        ex.prefix_cache = PrefixCache(3 * B * 8)
+        ex.prefix_cache = PrefixCache(ex.primitives.open_block_pool(3 * B * 8, B))
     cached: dict[int, int] = {}
     got = run_lanes(fake, lanes, harness=Harness.with_engine(ex), cached=cached)
     want = run_lanes(fake, lanes)

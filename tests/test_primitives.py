@@ -10,7 +10,7 @@ import pytest
 
 from sf_trt.abi import Status, StatusError
 from sf_trt.fake import FakeConfig, FakePrimitives
-from sf_trt.primitives import SAMPLE_ROW_FIELDS, RowFault, Rows, SampleRows, StateBlock
+from sf_trt.primitives import SAMPLE_ROW_FIELDS, RowFault, Rows, SampleRows
 
 CFG = FakeConfig(vocab=64, eos=63, copy_model=True, verify_rows=True, max_lanes=3, max_context=32, top_k_limit=16)
 
@@ -101,19 +101,22 @@ def test_verify_sample_gives_a_row_fault_for_logits_it_cannot_sample_and_draws_t
     assert tokens[0] == tokens[2] and 0 <= tokens[0] < 64
 
 
-def loaded(n: int) -> FakePrimitives:
-    """A fake whose slot 0 holds ``n`` positions loaded as one block."""
+def loaded(n: int, block_tokens: int = 2) -> tuple[FakePrimitives, int]:
+    """A fake whose slot 0 holds tokens ``0..n-1`` (forwarded), with a pool of 4 blocks of
+    ``block_tokens`` positions; and one taken slot of the pool."""
     f = FakePrimitives(CFG)
-    f.load_prefix(0, [StateBlock(n, np.arange(n), 8 * n)])
-    return f
+    f.forward(Rows(np.zeros(n, np.int64), np.arange(n), np.arange(n), np.zeros(0, np.int64)))
+    return f, f.open_block_pool(4 * block_tokens * 8, block_tokens).take()
 
 
-def test_state_blocks_round_trip_through_a_slot():
-    f = loaded(3)
-    block = f.save_block(0, 1, 2)
-    assert (block.length, block.nbytes, block.data.tolist()) == (2, 16, [1, 2])
-    f.load_prefix(1, [block, block])
-    assert f.state_len(1) == 4 and f.save_block(1, 0, 4).data.tolist() == [1, 2, 1, 2]
+def test_state_blocks_round_trip_through_the_pool():
+    f, index = loaded(3)
+    f.save_block(0, 1, index)
+    assert f.block_pool.arrays[0][index].tolist() == [1, 2] and f.block_pool.block_bytes == 2 * f.capabilities.state_bytes_per_token
+    f.load_prefix(1, [index, index])
+    other = f.block_pool.take()
+    f.save_block(1, 1, other)
+    assert f.state_len(1) == 4 and f.block_pool.arrays[0][other].tolist() == [2, 1]
 
 
 def rows_refused(case: str) -> None:
@@ -126,8 +129,10 @@ REFUSALS = {
     "logits at every row without verify rows": lambda: FakePrimitives(dataclasses.replace(CFG, verify_rows=False)).forward(
         rows([0, 0], [0, 1], [1, 2], [0, 1])
     ),
-    "save_block outside the state": lambda: FakePrimitives(CFG).save_block(0, 0, 16),
-    "load_prefix into a slot in use": lambda: loaded(2).load_prefix(0, [StateBlock(2, np.arange(2), 16)]),
-    "load_prefix past the context": lambda: FakePrimitives(CFG).load_prefix(0, [StateBlock(32, np.arange(32), 256)]),
+    "save_block outside the state": lambda: (lambda f, i: f.save_block(0, 2, i))(*loaded(3)),
+    "save_block without a pool": lambda: FakePrimitives(CFG).save_block(0, 0, 0),
+    "a block not taken from the pool": lambda: (lambda f, i: f.load_prefix(1, [i + 1]))(*loaded(2)),
+    "load_prefix into a slot in use": lambda: (lambda f, i: f.load_prefix(0, [i]))(*loaded(2)),
+    "load_prefix past the context": lambda: (lambda f, i: f.load_prefix(1, [i]))(*loaded(2, block_tokens=CFG.max_context)),
 }
 """Every refusal above as a call that raises it, by the name docs/errors.md gives it."""

@@ -150,6 +150,7 @@ class LlamaCppPeer:
     packages = ("llama_cpp",)
 
     def __init__(self, gguf: Path, threads: int, n_ctx: int, lookup: int) -> None:
+        preload_llama_cpp_shim()
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -176,6 +177,26 @@ class LlamaCppPeer:
             if len(out) >= n or (allow_eos and tok == self.eos):
                 break
         return out, time.perf_counter() - start
+
+
+def preload_llama_cpp_shim() -> None:
+    """Where ``LLAMA_CPP_LIB_PATH`` names a prebuilt llama.cpp patched by tools/llama_cpp_glibc.py
+    (the llama-cpp-py-sync wheel's libraries on an older glibc), open its shim first. Unset, and
+    llama-cpp-python installed without its own library (``-DLLAMA_BUILD=OFF``) beside
+    llama-cpp-py-sync, it is set to that package's folder."""
+    import importlib.util
+
+    lib = os.environ.get("LLAMA_CPP_LIB_PATH")
+    own, prebuilt = importlib.util.find_spec("llama_cpp"), importlib.util.find_spec("llama_cpp_py_sync")
+    if not lib and own and own.origin and prebuilt and prebuilt.origin and not list((Path(own.origin).parent / "lib").glob("libllama*")):
+        lib = os.environ["LLAMA_CPP_LIB_PATH"] = str(Path(prebuilt.origin).parent)
+        say(f"llama-cpp-python has no library of its own: LLAMA_CPP_LIB_PATH={lib} (llama-cpp-py-sync's)")
+    if lib:
+        if str(Path(__file__).resolve().parent) not in sys.path:  # tools/ is no package
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llama_cpp_glibc import preload
+
+        preload(Path(lib))
 
 
 GENAI_NGRAM_SIZE = 3
@@ -392,8 +413,10 @@ def sf_trt_spins() -> bool:
     return os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
 
 
-def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float) -> tuple[dict | None, str]:
-    """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``; (its JSON or None, a note)."""
+def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float,
+               extra: list[str] | tuple[str, ...] = ()) -> tuple[dict | None, str]:
+    """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``, with ``extra`` (``--sf-trt-args``:
+    e.g. ``--model DIR``) after ``bench``; (its JSON or None, a note)."""
     try:
         helptext = subprocess.run(cmd + ["bench", "--help"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -406,7 +429,7 @@ def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: boo
         for p in prompts:  # the effective set (--only, --max-tokens applied)
             f.write(json.dumps({k: p[k] for k in p if k in ("id", "kind", "messages", "prompt_ids", "max_tokens")}) + "\n")
         prompt_file = f.name
-    full = cmd + ["bench", "--prompts", prompt_file, "--json"]
+    full = cmd + ["bench", *extra, "--prompts", prompt_file, "--json"]
     if "--threads" in options:
         full += ["--threads", str(threads)]
     if not allow_eos and "--ignore-eos" in options:  # exactly max_tokens tokens, as the HF runs
@@ -589,8 +612,10 @@ def limit_report(results: list[dict], sf_doc: dict | None, weights: dict[str, di
 
 def _overall_rate(runs: list[dict]) -> tuple[float | None, str]:
     """Tokens over seconds summed over ``runs``: after the first token where every run says when it came."""
-    if runs and all(isinstance(r.get("first_token_s"), (int, float)) for r in runs):
-        return sum(r["tokens"] - 1 for r in runs) / sum(r["tokens"] / r["tokens_per_s"] - r["first_token_s"] for r in runs), "decode only"
+    if runs and all(isinstance(r.get("first_token_s"), (int, float)) and r.get("tokens_per_s") for r in runs):
+        after_first = sum(r["tokens"] / r["tokens_per_s"] - r["first_token_s"] for r in runs)
+        if after_first > 0:  # (a few tokens at a rounded rate can put the first token's time past the whole run's)
+            return sum(r["tokens"] - 1 for r in runs) / after_first, "decode only"
     if runs and all(r.get("tokens_per_s") for r in runs):
         return sum(r["tokens"] for r in runs) / sum(r["tokens"] / r["tokens_per_s"] for r in runs), "end to end (prefill included)"
     return None, "no runs"
@@ -621,7 +646,8 @@ def prefill_ids(encoded: list[tuple], length: int) -> list[int]:
 def sf_trt_prefill(cmd: list[str], ids: list[int], args) -> tuple[list[float] | None, str]:
     """sf_trt's times to the first token of ``ids`` (``sf-trt bench``, ``max_tokens`` 1: its plain
     and its speculative run), or (None, why)."""
-    doc, note = run_sf_trt(cmd, [{"id": f"prefill_{len(ids)}", "prompt_ids": ids, "max_tokens": 1}], args.threads, True, args.sf_trt_timeout)
+    doc, note = run_sf_trt(cmd, [{"id": f"prefill_{len(ids)}", "prompt_ids": ids, "max_tokens": 1}], args.threads, True, args.sf_trt_timeout,
+                           shlex.split(args.sf_trt_args))
     result = next(iter((doc or {}).get("results") or []), None)
     if result is None:
         return None, note
@@ -751,6 +777,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", dest="json_path", type=Path, default=Path("bench_peers.json"), help="write results here (default bench_peers.json)")
     ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --json` on each prompt right after the peers, and add ratio columns")
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
+    ap.add_argument("--sf-trt-args", default="", metavar="ARGS",
+                    help="more `sf-trt bench` options, one string, after `bench` (e.g. \"--model DIR --weights q4\" for another model than "
+                    "the default SmolLM2 export)")
     ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
     ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow each sf-trt run (default 3600)")
     ap.add_argument("--prefill", type=_lengths, metavar="N,N,...",
@@ -894,7 +923,8 @@ class SfTrtTurns:
         self.notes: list[str] = []
 
     def __call__(self, prompt: dict) -> None:
-        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout)
+        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout,
+                               shlex.split(self.args.sf_trt_args))
         if doc is None:
             self.notes.append(f"{prompt['id']}: {note}")
             return

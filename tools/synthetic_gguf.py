@@ -1,13 +1,18 @@
 """A random-weight GGUF of a real model's shape, written tensor by tensor, for measuring an export.
 
-    python tools/synthetic_gguf.py OUT.gguf [--shape tinyllama-1.1b] [--type Q8_0]
+    python tools/synthetic_gguf.py OUT.gguf [--shape tinyllama-1.1b] [--type Q8_0] [--context 8192]
     /usr/bin/time -v sf-trt export --gguf OUT.gguf --out DIR --weights float32   # "Maximum resident set size"
 
 The shapes are the models' own (``SHAPES``); weights are N(0, 1/in), quantized per tensor to
 ``--type`` (any type gguf can quantize: Q8_0, F16, ...), and streamed to the file one tensor at a
 time (``GGUFWriter.add_tensor_info`` then ``write_tensor_data``), so writing an 8B GGUF needs one
 tensor's memory, not the model's. The vocabulary is byte-level pieces padded with ``<unused{i}>``,
-so the export's tokenizer builds.
+so the export's tokenizer builds, and a chat template of TinyLlama's form (``<|user|>`` ...
+``</s>``, ``<|assistant|>``) lets chat prompts (``sf-trt bench``, tools/bench_peers.py) run on it.
+Random weights write nonsense text: drive such a model with token ids where the text matters
+(``tools/bench_prefix_cache.py --token-prompts``). ``--context`` sets the context length
+the file declares (rope has no trained length here: a 4k benchmark of the 1.1B shape needs more
+than its own 2048); ``--shape smoke`` is a few-MB model of the same layout, for trying a command.
 """
 
 from __future__ import annotations
@@ -17,7 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+"""TinyLlama-chat's turn markers (a role line, the text, ``</s>``), so chat prompts tokenize."""
+
 SHAPES = {
+    "smoke": dict(n_layers=2, hidden=128, n_heads=4, n_kv_heads=2, ffn=256, vocab=512, context=2048),
     "tinyllama-1.1b": dict(n_layers=22, hidden=2048, n_heads=32, n_kv_heads=4, ffn=5632, vocab=32000, context=2048),
     "llama-3.1-8b": dict(n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336, vocab=128256, context=8192),
 }
@@ -30,8 +42,9 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--shape", choices=SHAPES, default="tinyllama-1.1b")
     p.add_argument("--type", default="Q8_0")
+    p.add_argument("--context", type=int, default=None, help="the context length the file declares (default: the shape's)")
     args = p.parse_args()
-    s = SHAPES[args.shape]
+    s = {**SHAPES[args.shape], **({"context": args.context} if args.context else {})}
     qtype = gguf.GGMLQuantizationType[args.type]
     h, hd = s["hidden"], s["hidden"] // s["n_heads"]
     rng = np.random.default_rng(0)
@@ -53,6 +66,7 @@ def main() -> None:
     w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    w.add_chat_template(CHAT_TEMPLATE)
     tensors = [("token_embd.weight", (s["vocab"], h)), ("output_norm.weight", (h,)), ("output.weight", (s["vocab"], h))]
     q, kv = s["n_heads"] * hd, s["n_kv_heads"] * hd
     for i in range(s["n_layers"]):

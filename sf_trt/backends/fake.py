@@ -109,12 +109,16 @@ class FakePrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # the length is the state: positions past it are dead and get overwritten
 
-    def _save_block_impl(self, lane: int, start: int, length: int) -> np.ndarray:
-        return self._history[lane, start:start + length].copy()
+    def _block_parts(self, block_tokens: int) -> list:
+        return [((block_tokens,), np.int64)]  # the tokens: 8 bytes a position
 
-    def _load_prefix_impl(self, lane: int, blocks: list) -> None:
-        if blocks:
-            self._history[lane, : sum(b.length for b in blocks)] = np.concatenate([b.data for b in blocks])
+    def _save_block_impl(self, lane: int, start: int, index: int) -> None:
+        (tokens,) = self.block_pool.arrays
+        tokens[index] = self._history[lane, start:start + tokens.shape[1]]
+
+    def _load_prefix_impl(self, lane: int, indices: list) -> None:
+        (tokens,) = self.block_pool.arrays
+        self._history[lane, : len(indices) * tokens.shape[1]] = tokens[indices].reshape(-1)
 
     def close(self) -> None:
         self._model = None

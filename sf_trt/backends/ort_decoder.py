@@ -5,26 +5,38 @@ built by ``sf_trt.export.decoder_graph``, whose docstring says why every row of
 a pass comes out bit-identical whatever else shares the pass. This module packs the protocol's flat rows into the graph's ``[B, T]``
 layout and keeps the KV cache on the host:
 
-* the cache is two numpy arrays ``[n_layers, max_lanes, n_kv_heads,
-  max_context + 1, head_dim]`` of the decoder's compute type (float32, or float16 for
-  an fp16 export; position ``max_context`` of each lane is
-  the trash slot padding rows write to), allocated once, in small pages that are committed
-  as positions are first written (:func:`lazy_zeros`). Each lane slot's cache
-  lives in one *row* of the arrays' lane axis, not necessarily its own: a run
+* the cache is two lists of numpy arrays, one array per layer for K and one for V,
+  ``[max_lanes, n_kv_heads, E, head_dim]`` of the decoder's compute type (float32, or
+  float16 for an fp16 export), in small pages that are committed as positions are first
+  written (:func:`lazy_zeros`). ``E``, the positions held per lane, follows what the lanes
+  need: at the start of a forward call it grows to the call's largest position + 1 (its
+  padding included) or the longest lane's length, rounded up to :data:`KEY_BLOCK`, and
+  shrinks to that when it holds two blocks more (lanes that finished), by reallocating
+  and copying the written positions one layer at a time (``cache_resizes`` counts it;
+  position ``max_context``, reached only by padding rows, is the trash slot). Each lane
+  slot's cache lives in one *row* of the arrays' lane axis, not necessarily its own: a run
   needs its lanes' rows side by side, so that each layer's input is an OrtValue
   over a view of the arrays (made once per row range, bound with IOBinding) and
-  the pass reads the cache in place. When a run's lanes are not side by side
+  the pass reads the cache in place, at the arrays' length: the decoder graph's pass form
+  reads its bound caches whole, their length its key extent (``sf_trt.export.decoder_graph``,
+  *Key extent*), so that the only copy of the cache a pass makes is its ScatterND's. A run
+  whose own extent is at most half the arrays' (a short lane beside a long one's run) is
+  bound to a copy of its lanes' rows at its own extent instead (scratch buffers): the copy
+  costs less than attending over the rest. When a run's lanes are not side by side
   (lanes finished or prefill apart from the others), the caches of the few lanes
   outside the best window are swapped into it, once, up to their lengths
   (``cache_moves`` counts the lanes moved); later runs of the same lanes find them
   in place. (Copying the run's caches out instead cost every pass a copy of them
   all: 17% of an 8-lane decode where two lanes were still prefilling.)
+  The slots form (``cache_inputs="slots"``) holds the whole window, ``max_context + 1``
+  positions, bound once;
 * the graph returns only this pass's new K/V; after the pass they are written
   into the arrays at ``(slot, position)`` (numpy bookkeeping), padding rows
   skipped;
 * a prefix from the prefix cache (:mod:`sf_trt.prefix_cache`) is copied into the
-  lane's row (``load_prefix``), and blocks of a lane's positions are copied out
-  (``save_block``): the rows then read it in place as if a prefill had written it;
+  lane's row (``load_prefix``), and blocks of a lane's positions are copied out into
+  the block pool (``save_block``; :mod:`sf_trt.block_pool`, allocated once at the
+  cache's budget): the rows then read it in place as if a prefill had written it;
 * rollback is a length: ``truncate`` only moves ``state_len`` (PrimitivesBase
   keeps it); entries past it are masked by position and overwritten later::
 
@@ -34,8 +46,7 @@ layout and keeps the KV cache on the host:
 Packing: a pass's rows are grouped by lane (order kept); each lane is one row of
 ``[B, T]``, padded to the pass's longest lane at the positions after its last row
 (capped at ``max_context``, the trash slot): padding is never visible to the lane's
-real rows, and it keeps the pass form's key extent (the keys attention reads,
-see ``sf_trt.export.decoder_graph``) at what the pass's own positions need.
+real rows, and it keeps the run's key extent at what the pass's own positions need.
 Because rows do not depend on what shares their pass, a forward call may run
 its lanes as several graph runs: lanes whose row counts differ a lot (a 256-row
 prefill beside 1-row decodes) go to separate runs when padding them together
@@ -44,7 +55,6 @@ would cost more than another pass over the weights (:meth:`_plan_runs`).
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -52,6 +62,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..abi import Sampling, Status, StatusError
+from ..block_pool import lazy_zeros
 from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_GRAPH_FILE, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .ort_adjust import HostLogitAdjust
@@ -63,6 +74,13 @@ __all__ = ["OrtDecoderPrimitives", "OPTIMIZATION_LEVELS", "open_model", "lazy_ze
 
 
 _GREEDY = int(Sampling.GPU_GREEDY)
+
+KEY_BLOCK = 64
+"""The pass form's key extent ``E`` (the positions a run's caches are bound with) is the run's
+largest position + 1 rounded up to a multiple of this, at most the window: a multiple of every
+vector width onnxruntime's CPU kernels step by, so a row's real keys take the same vector path at
+every extent (``sf_trt.export.decoder_graph``, *Key extent*), and a lane's growth reallocates
+the host arrays once per this many positions."""
 
 _CACHE_TYPES = {"fp32": np.float32, "fp16": np.float16}
 """The KV cache's numpy type by the decoder's precision, for the precisions onnxruntime runs."""
@@ -90,26 +108,6 @@ class PassLogits(np.ndarray):
         if self.greedy is not None:
             out.greedy = self.greedy[index]
         return out
-
-
-def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A zeroed array whose memory is committed in small (4 KiB) pages as they are first written.
-
-    ``np.zeros`` asks the kernel for transparent huge pages on arrays of 4 MiB and more, so the
-    first write anywhere in a 2 MiB stretch zeroes (and may first compact memory for) all of it.
-    A KV cache is written a position at a time across every (layer, lane, head) row: with huge
-    pages a lane's first prefill paid for its whole window, 1-3 s at the model's context of 8192
-    on this CPU, and the RSS grew by the window instead of the positions written
-    (docs/benchmarks.md, "Reproducing our own numbers"). Where the platform has no anonymous
-    ``mmap`` this is ``np.zeros``."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return np.zeros(shape, dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where the kernel's THP setting is "always"
-        buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 def _bad(what: str) -> StatusError:
@@ -271,25 +269,69 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         return {"session.qdq_matmulnbits_accuracy_level": "4"}
 
     def _allocate_cache(self) -> None:
-        """The KV cache, host side, allocated once; a run binds views of it."""
+        """The KV cache, host side; a run binds views of it. The slots form's is the whole window,
+        allocated once; the pass form's holds the positions the lanes need (:meth:`_hold`)."""
         import onnxruntime as ort
 
         cfg, caps = self.config, self.capabilities
-        shape = (cfg.n_layers, caps.max_lanes, cfg.n_kv_heads, caps.max_context + 1, cfg.head_dim)
-        dtype = _CACHE_TYPES[self.precision]
-        self._keys = lazy_zeros(shape, dtype)
-        self._values = lazy_zeros(shape, dtype)
+        self._dtype = _CACHE_TYPES[self.precision]
+        self._extent = caps.max_context + 1 if self.cache_inputs == "slots" else 0
+        """Positions the host arrays hold per lane: the key extent of the runs that bind them whole."""
+        self._keys = [self._zeros(self._extent) for _ in range(cfg.n_layers)]  # per layer [max_lanes, nkv, extent, hd]
+        self._values = [self._zeros(self._extent) for _ in range(cfg.n_layers)]
+        self._scratch: list[np.ndarray] | None = None  # flat buffers a shorter run's caches are copied into
+        self.cache_resizes = 0
+        """Times the host arrays were reallocated to another extent."""
         self._binding = self._session.io_binding()
         self._ort = ort
-        self._views: dict[tuple[int, int], list] = {}  # (first row, rows) -> OrtValues of that range
-        self._bound: tuple[int, int] | None = None
+        self._views: dict[tuple[int, int, int], list] = {}  # (first row, rows, extent) -> OrtValues of that range
+        self._bound: tuple[int, int, int] | None = None
         self._row_of = np.arange(caps.max_lanes)  # lane slot -> the arrays' row holding its cache
         self._slot_at = np.arange(caps.max_lanes)  # row -> the lane slot whose cache it holds
         self._written = np.zeros(caps.max_lanes, np.int64)  # per slot: past the furthest position ever written
         self.cache_moves = 0
         """Lanes whose cache was swapped into another row so a run's lanes sit side by side."""
         if self.cache_inputs == "slots":  # the whole cache, bound once; the graph gathers the lanes
-            self._bind_range(0, caps.max_lanes)
+            self._bind_range(0, caps.max_lanes, self._extent)
+
+    def _zeros(self, extent: int) -> np.ndarray:
+        """One layer's K or V ``[max_lanes, n_kv_heads, extent, head_dim]``, zeroed lazily."""
+        cfg = self.config
+        return lazy_zeros((self.capabilities.max_lanes, cfg.n_kv_heads, extent, cfg.head_dim), self._dtype)
+
+    def _hold(self, need: int) -> None:
+        """Make the host arrays hold ``need`` positions per lane (a multiple of :data:`KEY_BLOCK`,
+        or the whole window): grown to it when they hold fewer, shrunk to it when they hold two
+        blocks more (a rollback and the next pass do not resize back and forth). The written
+        positions move, one layer at a time (the arrays are resized at most a few times per
+        KEY_BLOCK positions a lane writes, and hold at most one layer twice); the views made of
+        the old arrays are dropped."""
+        if self.cache_inputs == "slots" or self._extent - 2 * KEY_BLOCK < need <= self._extent:
+            return
+        keep = np.minimum(self._written[self._slot_at], need)  # per row: its written positions that stay
+        # nothing may hold the old arrays while the new ones are made: each is freed once copied
+        self._binding.clear_binding_inputs()
+        self._views, self._bound, self._scratch = {}, None, None
+        for arrays in (self._keys, self._values):
+            for i, old in enumerate(arrays):
+                new = self._zeros(need)
+                for row in np.flatnonzero(keep):
+                    new[row, :, :keep[row]] = old[row, :, :keep[row]]
+                arrays[i] = new
+        np.minimum(self._written, need, out=self._written)
+        self._extent = need
+        self.cache_resizes += 1
+
+    def _run_extent(self, last: int) -> int:
+        """The key extent a run whose last position is ``last`` binds: the arrays' whole (views, no
+        copy) unless its own is at most half of it (then a copy of its own is cheaper than
+        attending over the rest; :meth:`_bind_range`). Either gives the same bits."""
+        own = self._extent_for(last)
+        return own if 2 * own <= self._extent else self._extent
+
+    def _extent_for(self, last: int) -> int:
+        """The key extent of positions up to ``last``: ``last + 1`` rounded up to KEY_BLOCK, at most the window."""
+        return min(self.capabilities.max_context + 1, -(-(int(last) + 1) // KEY_BLOCK) * KEY_BLOCK)
 
     # -- the protocol ------------------------------------------------------------
 
@@ -307,8 +349,13 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         lane_rows = [np.flatnonzero(rows.slots == lane) for lane in lane_order]
         wanted = np.full(rows.num_rows, -1, np.int64)  # row -> its place in logit_rows
         wanted[unique_rows] = np.arange(unique_rows.shape[0])
-        for group in self._plan_runs([r.shape[0] for r in lane_rows]):
-            self._run(rows, [lane_order[j] for j in group], [lane_rows[j] for j in group], wanted, logits)
+        groups = self._plan_runs([r.shape[0] for r in lane_rows])
+        # each run's last position, its padding included (at most the trash slot)
+        lasts = [max(int(rows.positions[lane_rows[j][0]]) for j in group) + max(lane_rows[j].shape[0] for j in group) - 1 for group in groups]
+        live = max(int(self._state_len.max()), 1) - 1  # every lane's held positions stay
+        self._hold(self._extent_for(max(lasts + [live])))
+        for group, last in zip(groups, lasts):
+            self._run(rows, [lane_order[j] for j in group], [lane_rows[j] for j in group], wanted, logits, self._run_extent(last))
         return logits if unique_rows.shape[0] == inverse.shape[0] and np.all(inverse == np.arange(inverse.shape[0])) else logits.rows(inverse)
 
     def _verify_sample_impl(self, logits: np.ndarray, sample: SampleRows) -> tuple[np.ndarray, np.ndarray]:
@@ -322,20 +369,38 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     def _truncate_impl(self, lane: int, length: int) -> None:
         pass  # the length is the state: entries past it are masked, then overwritten
 
-    def _save_block_impl(self, lane: int, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        self._check_open()
-        row = int(self._row_of[lane])
-        return self._keys[:, row, :, start:start + length].copy(), self._values[:, row, :, start:start + length].copy()
+    def _release_impl(self, lane: int) -> None:
+        self._written[lane] = 0  # nothing of it to keep when the arrays are resized or rows swapped
 
-    def _load_prefix_impl(self, lane: int, blocks: list) -> None:
+    def _block_parts(self, block_tokens: int) -> list:
+        cfg = self.config
+        return [((cfg.n_layers, cfg.n_kv_heads, block_tokens, cfg.head_dim), self._dtype)] * 2  # K, V
+
+    def _save_block_impl(self, lane: int, start: int, index: int) -> None:
         self._check_open()
-        row, at = int(self._row_of[lane]), 0
-        for block in blocks:
-            keys, values = block.data  # [n_layers, n_kv_heads, length, head_dim] each
-            self._keys[:, row, :, at:at + block.length] = keys
-            self._values[:, row, :, at:at + block.length] = values
-            at += block.length
-        self._written[lane] = max(int(self._written[lane]), at)
+        keys, values = self.block_pool.arrays  # [blocks, n_layers, n_kv_heads, block_tokens, head_dim] each
+        row, end = int(self._row_of[lane]), start + keys.shape[3]
+        for i, (layer_keys, layer_values) in enumerate(zip(self._keys, self._values)):
+            keys[index, i] = layer_keys[row, :, start:end]
+            values[index, i] = layer_values[row, :, start:end]
+
+    def _load_prefix_impl(self, lane: int, indices: list) -> None:
+        self._check_open()
+        keys, values = self.block_pool.arrays
+        n = keys.shape[3]
+        self._hold(max(self._extent, self._extent_for(len(indices) * n - 1)))
+        row = int(self._row_of[lane])
+        for j, index in enumerate(indices):
+            for i, (layer_keys, layer_values) in enumerate(zip(self._keys, self._values)):
+                layer_keys[row, :, j * n:(j + 1) * n] = keys[index, i]
+                layer_values[row, :, j * n:(j + 1) * n] = values[index, i]
+        self._written[lane] = max(int(self._written[lane]), len(indices) * n)
+
+    def _lane_cache(self, lane: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of lane ``lane``'s K and V at positions ``start .. stop - 1``,
+        ``[n_layers, n_kv_heads, stop - start, head_dim]`` each."""
+        row = int(self._row_of[lane])
+        return tuple(np.stack([layer[row, :, start:stop] for layer in arrays]) for arrays in (self._keys, self._values))
 
     def close(self) -> None:
         self._binding = None
@@ -366,16 +431,40 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
             end = cut[end]
         return groups[::-1]
 
-    def _bind_range(self, first: int, n: int) -> None:
-        values = self._views.get((first, n))
+    def _bind_range(self, first: int, n: int, extent: int) -> None:
+        """Bind the cache rows ``first .. first + n - 1`` at key extent ``extent``: views of the
+        host arrays when they hold that extent, else copies into the scratch buffers (a run
+        whose positions need fewer keys than the arrays hold: a copy as long as its own extent
+        costs less than attending over the arrays' and scattering into a copy of it)."""
+        key = (first, n, extent)
+        values = self._views.get(key)
         if values is None:
-            values = self._views[(first, n)] = [
-                self._ort.OrtValue.ortvalue_from_numpy(arr[i, first:first + n])
-                for i in range(self.config.n_layers)
-                for arr in (self._keys, self._values)
+            values = self._views[key] = [
+                self._ort.OrtValue.ortvalue_from_numpy(self._run_cache(i, arr, first, n, extent))
+                for i, pair in enumerate(zip(self._keys, self._values))
+                for arr in pair
             ]
-        self._bind_values(values)
-        self._bound = (first, n)
+        elif extent < self._extent:
+            for i, pair in enumerate(zip(self._keys, self._values)):
+                for arr in pair:
+                    self._run_cache(i, arr, first, n, extent)
+        if self._bound != key:
+            self._bind_values(values)
+            self._bound = key
+
+    def _run_cache(self, layer: int, arr: np.ndarray, first: int, n: int, extent: int) -> np.ndarray:
+        """Rows ``first .. first + n - 1`` of one layer's ``arr`` up to ``extent``: a view when the
+        array holds that extent, else copied into that layer's scratch buffer."""
+        rows = arr[first:first + n]
+        if extent == arr.shape[2]:
+            return rows
+        if self._scratch is None:
+            size = self.capabilities.max_lanes * self.config.n_kv_heads * self._extent * self.config.head_dim
+            self._scratch = [lazy_zeros((size,), self._dtype) for _ in range(2 * self.config.n_layers)]
+        which = 2 * layer + (arr is self._values[layer])
+        out = self._scratch[which][: rows[:, :, :extent].size].reshape(rows.shape[:2] + (extent,) + rows.shape[3:])
+        np.copyto(out, rows[:, :, :extent])
+        return out
 
     def _bind_values(self, values: list) -> None:
         """Bind layer i's cache inputs to ``values[2 i]`` (keys) and ``values[2 i + 1]`` (values)."""
@@ -384,14 +473,13 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
             self._binding.bind_ortvalue_input(key_name, values[2 * i])
             self._binding.bind_ortvalue_input(value_name, values[2 * i + 1])
 
-    def _bind_caches(self, rows: np.ndarray) -> None:
-        """Bind past_key_i / past_value_i to the cache rows ``rows`` (ascending, side by side)."""
+    def _bind_caches(self, rows: np.ndarray, extent: int) -> None:
+        """Bind past_key_i / past_value_i to the cache rows ``rows`` (ascending, side by side) at
+        key extent ``extent``."""
         if self.cache_inputs == "slots":
             self._binding.bind_cpu_input("lane_ids", rows)
             return
-        first, n = int(rows[0]), int(rows.shape[0])
-        if self._bound != (first, n):
-            self._bind_range(first, n)
+        self._bind_range(int(rows[0]), int(rows.shape[0]), extent)
 
     def _side_by_side(self, lanes: np.ndarray) -> np.ndarray:
         """The cache rows of ``lanes``, made contiguous: lanes outside the window of
@@ -414,15 +502,15 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         sa, sb = int(self._slot_at[a]), int(self._slot_at[b])
         # not the lanes' state_len: an earlier run of the same forward call may have written further
         n = int(max(self._written[sa], self._written[sb]))
-        for arr in (self._keys, self._values):
-            kept = arr[:, a, :, :n].copy()
-            arr[:, a, :, :n] = arr[:, b, :, :n]
-            arr[:, b, :, :n] = kept
+        for arr in self._keys + self._values:
+            kept = arr[a, :, :n].copy()
+            arr[a, :, :n] = arr[b, :, :n]
+            arr[b, :, :n] = kept
         self._slot_at[a], self._slot_at[b] = sb, sa
         self._row_of[sa], self._row_of[sb] = b, a
         self.cache_moves += 1
 
-    def _run(self, rows: Rows, lanes: list[int], lane_rows: list[np.ndarray], wanted: np.ndarray, logits: np.ndarray) -> None:
+    def _run(self, rows: Rows, lanes: list[int], lane_rows: list[np.ndarray], wanted: np.ndarray, logits: np.ndarray, extent: int) -> None:
         cfg, trash = self.config, self.capabilities.max_context
         cache_rows = self._side_by_side(np.asarray(lanes, np.int64))
         order = np.argsort(cache_rows, kind="stable")  # lanes by cache row: side by side, a view
@@ -441,7 +529,7 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         logit_index = np.ascontiguousarray(flat[keep])
         out_rows = wanted[src][keep]
 
-        self._bind_caches(slots)
+        self._bind_caches(slots, extent)
         bind = self._binding
         bind.bind_cpu_input("input_ids", input_ids)
         bind.bind_cpu_input("positions", positions)
@@ -459,8 +547,9 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         row_slots = slots[flat // t]
         pos = rows.positions[src]
         np.maximum.at(self._written, self._slot_at[row_slots], pos + 1)
-        self._keys[:, row_slots, :, pos, :] = kv[:, 0].transpose(1, 0, 2, 3)
-        self._values[:, row_slots, :, pos, :] = kv[:, 1].transpose(1, 0, 2, 3)
+        for layer_kv, layer_keys, layer_values in zip(kv, self._keys, self._values):
+            layer_keys[row_slots, :, pos] = layer_kv[0]
+            layer_values[row_slots, :, pos] = layer_kv[1]
 
     def _check_open(self) -> None:
         if self._session is None:
@@ -471,8 +560,7 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     def cache_rows(self, lane: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of lane ``lane``'s K and V for its ``state_len`` positions,
         ``[n_layers, n_kv_heads, state_len, head_dim]`` each."""
-        n, row = self.state_len(lane), int(self._row_of[lane])
-        return self._keys[:, row, :, :n].copy(), self._values[:, row, :, :n].copy()
+        return self._lane_cache(lane, 0, self.state_len(lane))
 
 
 def open_model(

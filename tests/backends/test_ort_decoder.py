@@ -184,18 +184,18 @@ def test_intra_op_threads_sleep_by_default_and_spinning_changes_no_bits(tiny_mod
     assert np.array_equal(bits(got[False]), bits(got[True]))
 
 
-def _pages_of(array: np.ndarray) -> dict[str, int]:
+def _pages_of(arrays: list[np.ndarray]) -> dict[str, int]:
     """/proc/self/smaps' ``Rss`` and ``AnonHugePages`` (kB) summed over the mappings that hold
-    ``array``'s bytes (a madvise of part of a mapping splits it), and ``THPeligible`` (any)."""
-    lo = array.__array_interface__["data"][0]
-    hi = lo + array.nbytes
+    the bytes of ``arrays`` (a madvise of part of a mapping splits it; the kernel merges
+    neighbouring ones), each mapping once, and ``THPeligible`` (any)."""
+    spans = [(a.__array_interface__["data"][0], a.__array_interface__["data"][0] + a.nbytes) for a in arrays]
     sums, inside = {"Rss": 0, "AnonHugePages": 0, "THPeligible": 0}, False
     with open("/proc/self/smaps", encoding="ascii") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
                 start, end = (int(x, 16) for x in head.split("-"))
-                inside = start < hi and lo < end
+                inside = any(start < hi and lo < end for lo, hi in spans)
             elif inside and head[:-1] in sums:
                 value = int(line.split()[1])
                 sums[head[:-1]] = max(sums[head[:-1]], value) if head == "THPeligible:" else sums[head[:-1]] + value
@@ -206,12 +206,92 @@ def _pages_of(array: np.ndarray) -> dict[str, int]:
 def test_the_kv_cache_is_committed_only_where_positions_are_written(tiny_model_dir):
     """The cache is allocated in small pages, never transparent huge pages: with them a lane's
     first prefill zeroed its whole window (1-5 s at 8192 positions on the real model, issue 23)
-    and the RSS grew by the window. 64 lanes of 512 positions (8 MiB per array), 10 positions
-    of one lane written: a few pages resident, not megabytes."""
+    and the RSS grew by the window. The arrays grow to the positions the lanes need, in the same
+    small pages: 64 lanes, one lane of 500 positions (the arrays grown to 512, 4 MiB per layer's
+    K or V), one of 10: a few pages per (layer, lane, head) row written, not megabytes."""
+    rng = np.random.default_rng(3)
     with OrtDecoderPrimitives(tiny_model_dir, max_lanes=64, max_context=512, threads=1) as p:
         p.forward(rows(0, 0, SEQ[:10]))
-        for cache in (p._keys, p._values):
-            pages = _pages_of(cache)
-            assert cache.nbytes >= 8 << 20
-            assert pages == {"Rss": pages["Rss"], "AnonHugePages": 0, "THPeligible": 0}
-            assert pages["Rss"] <= 256  # kB: 2 layers x 2 heads x a page or two
+        p.forward(rows(1, 0, rng.integers(0, 256, 500)))
+        assert p.cache_resizes == 2  # 64 positions, then 512
+        caches = p._keys + p._values
+        assert all(cache.nbytes >= 4 << 20 for cache in caches)
+        pages = _pages_of(caches)
+        assert pages == {"Rss": pages["Rss"], "AnonHugePages": 0, "THPeligible": 0}
+        # kB: per layer's K or V 2 heads x (32 KiB of lane 1 + a page of lane 0), a page or two more
+        assert pages["Rss"] <= 96 * len(caches)
+
+
+# -- the host cache's extent: grown and shrunk as lanes need, never a bit of difference --------
+
+LONG = np.random.default_rng(21).integers(0, 256, 300)
+
+
+def _one_at_a_time(prims, lane: int, tokens: np.ndarray, start: int = 0) -> np.ndarray:
+    return np.concatenate([prims.forward(rows(lane, start + i, tokens[i:i + 1])) for i in range(len(tokens))])
+
+
+@pytest.fixture
+def wide(tiny_model_dir):
+    """3 lanes of 320 positions: room for extents of 64 to 320 (the whole window, 321)."""
+    p = OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=1)
+    yield p
+    p.close()
+
+
+def test_the_cache_grows_and_shrinks_mid_conversation_and_rows_keep_their_bits(tiny_model_dir, wide):
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=1) as fresh:
+        alone = _one_at_a_time(fresh, 1, LONG[:90])
+    # lane 1 decodes beside lane 0, which prefills 250 positions (the arrays grow to 256), then
+    # finishes (they shrink back to what lane 1 needs), while lane 1 goes on
+    got = [wide.forward(rows(1, 0, LONG[:30]))]
+    assert wide._extent == 64
+    wide.forward(rows(0, 0, LONG[50:300]))
+    assert wide._extent == 256
+    got.append(_one_at_a_time(wide, 1, LONG[30:60], start=30))  # runs of extent 64 (copies), then 128 (the arrays' whole)
+    wide.release(0)
+    got.append(_one_at_a_time(wide, 1, LONG[60:90], start=60))
+    assert wide._extent == 128 and wide.cache_resizes == 4  # 64, 256, back to 64, then 128 past position 63
+    assert np.array_equal(bits(np.concatenate(got)), bits(alone))
+
+
+def test_a_lane_crossing_a_key_block_with_drafts_rolled_back_across_it(prims, tiny_model_dir):
+    """Positions 58..66: a 9-row verify pass straddles 64 (the arrays grow to 128 mid-pass's
+    positions), is rolled back to 62 (below the block), then decoded row by row past it."""
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=128, threads=1) as fresh:
+        plain = _one_at_a_time(fresh, 0, LONG[:80])
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=128, threads=1) as p:
+        head = p.forward(rows(0, 0, LONG[:58]))
+        assert p._extent == 64
+        draft = np.concatenate([LONG[58:62], (LONG[62:67] + 1) % 256])  # 4 right, 5 wrong
+        verify = p.forward(rows(0, 58, draft))
+        assert p._extent == 128
+        p.truncate(0, 62)
+        tail = _one_at_a_time(p, 0, LONG[62:80], start=62)
+        assert p._extent == 128  # a rollback below the block does not shrink the arrays
+    assert np.array_equal(bits(head), bits(plain[:58]))
+    assert np.array_equal(bits(verify[:4]), bits(plain[58:62]))  # the 4 rows whose inputs were right
+    assert np.array_equal(bits(tail), bits(plain[62:80]))
+
+
+def test_prefix_blocks_saved_after_a_grow_load_into_a_fresh_cache_exactly(tiny_model_dir, wide):
+    full = wide.forward(rows(0, 0, LONG[:150]))  # the arrays grow to 192
+    assert wide._extent == 192
+    pool = wide.open_block_pool(1 << 20, 64)
+    blocks = [pool.take(), pool.take()]
+    wide.save_block(0, 0, blocks[0])
+    wide.save_block(0, 64, blocks[1])
+    keys, values = wide.cache_rows(0)
+    assert np.array_equal(np.concatenate([pool.arrays[0][b] for b in blocks], axis=2), keys[:, :, :128])
+    assert np.array_equal(np.concatenate([pool.arrays[1][b] for b in blocks], axis=2), values[:, :, :128])
+    with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=1) as other:
+        other.forward(rows(0, 0, LONG[200:210]))  # another lane first: the arrays hold 64
+        theirs = other.open_block_pool(1 << 20, 64)
+        taken = [theirs.take(), theirs.take()]
+        for part, ours in zip(theirs.arrays, pool.arrays):
+            part[taken] = ours[blocks]
+        other.load_prefix(2, taken)  # grown to 128 to take them
+        assert other._extent == 128
+        rest = other.forward(rows(2, 128, LONG[128:150]))
+        assert np.array_equal(bits(rest), bits(full[128:]))
+        assert np.array_equal(other.cache_rows(2)[0], keys)

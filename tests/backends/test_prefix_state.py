@@ -33,9 +33,10 @@ def assert_cached_blocks_are_fresh_bytes(ex: Executor, model_dir, tokens: list[i
     """Every block the cache holds for ``tokens`` against a fresh prefill; how many there were."""
     chain = ex.prefix_cache.match(scope, tokens, len(tokens))
     keys, values = fresh_kv(model_dir, tokens, max_context)
+    pool_keys, pool_values = ex.primitives.block_pool.arrays
     for block in chain:
-        k, v = block.state.data
-        end = block.start + block.state.length
+        k, v = pool_keys[block.index], pool_values[block.index]
+        end = block.start + ex.prefix_cache.block_tokens
         assert np.array_equal(bits(k), bits(keys[:, :, block.start:end])), f"keys of block at {block.start}"
         assert np.array_equal(bits(v), bits(values[:, :, block.start:end])), f"values of block at {block.start}"
     return len(chain)

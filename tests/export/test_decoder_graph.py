@@ -36,8 +36,7 @@ def test_graph_is_plain_onnx_that_tensorrt_parses(cache_inputs, weight_dtype, n_
     ops = {n.op_type for n in model.graph.node}
     assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)
     assert not ops & {"TopK", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "Sin", "Cos"}
-    # the pass form's key extent comes from `positions`' values: refused for TensorRT (onnxruntime's graph), nothing else
-    errors = [f for f in errors_in(check_graph(model)) if not (cache_inputs == "pass" and "depend on data" in f.problem)]
+    errors = errors_in(check_graph(model))
     assert not errors, format_findings(errors)
 
 

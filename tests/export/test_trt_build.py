@@ -168,11 +168,11 @@ def test_a_tensorrt_that_cannot_start_is_one_line_naming_driver_cuda_and_tensorr
 
 
 def test_the_pass_form_decoder_never_reaches_tensorrt(tmp_path, tiny):
-    """decoder_pass.onnx sizes its key extent from `positions`: refused before the build, naming the node."""
+    """decoder_pass.onnx takes caches bound per pass at the runtime's key extent: refused before the build, naming the slots form."""
     from sf_trt.export.decoder_graph import build_decoder_graph, pass_form
     from sf_trt.export.trt_build import graph_to_build
 
     cfg, weights = tiny
     onnx.save(pass_form(build_decoder_graph(cfg, weights)), tmp_path / "decoder_pass.onnx")
-    with pytest.raises(BuildError, match=r"TensorRT's ONNX parser would refuse \d+ node\(s\):\n  error: .*computed from the values of graph input\(s\) \['positions'\], so the shapes after it depend on data"):
+    with pytest.raises(BuildError, match=r"decoder_pass.onnx: a decoder graph without a lane_ids input \(the pass form, decoder_pass.onnx, which onnxruntime runs over caches bound per pass\); TensorRT builds the slots form: build decoder.onnx of the same model directory$"):
         graph_to_build(tmp_path / "decoder_pass.onnx", BuildConfig(max_lanes=2, rows_per_lane=3, max_context=32))

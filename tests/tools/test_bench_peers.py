@@ -113,3 +113,11 @@ def test_genai_is_left_out_with_a_note_without_its_package_or_model(load_tool, t
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "onnxruntime_genai" else real(name, *a))
     with pytest.raises(bench_peers.Missing, match=r"genai: no --genai-model DIR"):
         bench_peers._open_peers(["genai"], tmp_path / "x.gguf", args)
+
+
+def test_a_first_token_time_past_a_rounded_runs_end_falls_back_to_the_end_to_end_rate(load_tool):
+    """sf-trt bench rounds tokens/s: over a few tokens the first token's time can exceed tokens over that
+    rate, which made the decode-only rate negative; the rate is then end to end, and says so."""
+    bench_peers = load_tool("bench_peers")
+    rate, how = bench_peers._overall_rate([{"tokens": 8, "tokens_per_s": 4.0, "first_token_s": 2.01}])
+    assert rate == 4.0 and how.startswith("end to end")
