@@ -346,7 +346,6 @@ class _Decoder:
         """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul), plus their
         biases where the layer has any, RMSNorm'd by ``post_norm`` (a float32 weight) when given, plus
         ``residual`` (the float32 stream) when given."""
-        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else np.asarray(getattr(layer, fields[0]))
         bias = _bias(layer, fields)
         plain = bias is None and post_norm is None
         if self.weight_dtype in NBITS_WEIGHTS:
@@ -356,6 +355,7 @@ class _Decoder:
             if plain:
                 return y
         else:
+            w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else np.asarray(getattr(layer, fields[0]))
             y = self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
             if plain:
                 return y if residual is None else self.g.op("Add", [residual, self.to_f32(y, f"{name}_mm")], f"{name}_resid")
@@ -371,11 +371,11 @@ class _Decoder:
         """``x @ W.T`` (``+ residual``) for a matrix in blocks (:class:`NBitsMatrix`), as onnxruntime's
         ``MatMulNBits``, one per matrix; its zero points an input where any block's is not the default.
 
-        Offsets (Q4_1's, Q4_K's): each block's input sum times its offset. The block sums come out
-        of the same ``MatMulNBits``: ``K / 32`` more output columns whose 4-bit values are 9 inside
-        their block and 8 (zero) elsewhere, scale 1 (exact in 4 bits), so they are the sums of the
-        very int8 activations the weights multiply; one small float32 ``MatMul`` applies the
-        offsets, added with the residual in one ``Sum``."""
+        Offsets (Q4_1's, Q4_K's, Q5_1's, Q5_K's): each block's input sum times its offset. The block
+        sums come out of the same ``MatMulNBits``: ``K / block`` more output columns whose values are
+        the zero point plus 1 inside their block and the zero point elsewhere, scale 1 (exact), so
+        they are the sums of the very int8 activations the weights multiply; one small float32
+        ``MatMul`` applies the offsets, added with the residual in one ``Sum``."""
         g = self.g
         n, k = matrix.shape
         nb = k // matrix.block

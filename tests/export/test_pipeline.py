@@ -134,18 +134,19 @@ def test_processes_sharing_the_cache_export_the_default_model_once(tmp_path):
     assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [os.path.basename(path)]  # nothing beside it
 
 
-def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path):
+@pytest.mark.parametrize("weights", ["q4", "gguf"])
+def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path, weights):
     """Once a ValueError traceback: an ffn of 100 cannot be held in 4-bit blocks of 32. The one line
     names the matrix, its shape and the block."""
     from cli_run import sf_trt
     from tiny_gguf import write_tiny_gguf
 
     write_tiny_gguf(tmp_path / "odd.gguf", shape={"ffn": 100})
-    proc = sf_trt("export", "--gguf", str(tmp_path / "odd.gguf"), "--out", str(tmp_path / "m"), "--weights", "q4",
+    proc = sf_trt("export", "--gguf", str(tmp_path / "odd.gguf"), "--out", str(tmp_path / "m"), "--weights", weights,
                   env={"SF_TRT_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "sf-trt: --weights q4: the input dim (the last) of blk.*.ffn_down.weight [64, 100] is not a multiple of the block 32 (use --weights int8 or float32)"
+        f"sf-trt: --weights {weights}: the input dim (the last) of blk.*.ffn_down.weight [64, 100] is not a multiple of the block 32 (use --weights int8 or float32)"
     )
     assert not (tmp_path / "m").exists()
 
