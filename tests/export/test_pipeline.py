@@ -208,3 +208,26 @@ def test_gguf_weights_hold_every_matrix_in_its_own_blocks(tmp_path):
         got = p.forward(rows(0, 0, SEQ[:24]))
     want = reference_forward(cfg, held, SEQ[:24])
     np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+
+
+def test_auto_weights_keep_4bit_gguf_blocks_from_1b_parameters_up(tmp_path, monkeypatch):
+    """``--weights auto`` (the default): int8 for the default model, a checkpoint, a GGUF under
+    1B parameters or one without 4-bit blocks, and under another precision; ``gguf`` for a GGUF of
+    1B+ parameters in 4-bit blocks (here the threshold lowered to the tiny model's size)."""
+    from sf_trt.export import pipeline
+
+    layer = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+    write_tiny_gguf(tmp_path / "q4.gguf", types={name: "Q4_0" for name in layer})
+    write_tiny_gguf(tmp_path / "f32.gguf")
+    assert pipeline.auto_weights(None) == ("int8", "the default model")
+    assert pipeline.auto_weights(tmp_path)[0] == "int8"  # a directory: a checkpoint's float weights
+    weights, why = pipeline.auto_weights(tmp_path / "q4.gguf")
+    assert weights == "int8" and "under 1B" in why
+    monkeypatch.setattr(pipeline, "AUTO_NBITS_PARAMETERS", 1)
+    weights, why = pipeline.auto_weights(tmp_path / "q4.gguf")
+    assert weights == "gguf" and "Q4_0" in why
+    assert pipeline.auto_weights(tmp_path / "q4.gguf", "fp16")[0] == "int8"
+    weights, why = pipeline.auto_weights(tmp_path / "f32.gguf")
+    assert weights == "int8" and "not 4-bit GGUF blocks" in why
+    weights, why = pipeline.auto_weights(tmp_path / "missing.gguf")
+    assert weights == "int8" and "did not read" in why
