@@ -20,7 +20,7 @@ import hashlib
 import random
 from typing import Optional, Sequence
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 __all__ = ["UserAffinityRouter", "rendezvous_order"]
 
@@ -33,9 +33,12 @@ def rendezvous_order(key: str, replica_ids: Sequence[str]) -> list[str]:
     return sorted(replica_ids, key=score, reverse=True)
 
 
-class UserAffinityRouter(FIFOMixin, RequestRouter):
+class UserAffinityRouter(RequestRouter):
     """Ranks the replicas by :func:`rendezvous_order` of the request's session id (one replica a
-    rank, so Ray tries them in that order); without one, two at random."""
+    rank, so Ray tries them in that order); without one, two at random.
+
+    Not Ray's ``FIFOMixin``: with it, the replica found for one request goes to the oldest
+    request waiting, another user's; without it, to the request it was chosen for."""
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: Optional[PendingRequest] = None
