@@ -50,14 +50,14 @@ class ExportError(ModelDirError):
 
 
 def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
-    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 keeps each layer
+    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 and gguf keep each layer
     matrix's input dim in blocks of 32 (hidden, heads x head dim, ffn); the error names each matrix
     that does not divide, its shape ``[out, in]`` and the block."""
     from .families import GGUF_LAYER_NAMES, family
     from .gguf_llama import layer_shapes
     from .quantize import BLOCK
 
-    if weight_dtype != "q4":
+    if weight_dtype not in ("q4", "gguf"):
         return
     shapes = layer_shapes(cfg)
     mats = [f for f in family(cfg.arch).layer_fields if f.startswith("w")]
@@ -65,7 +65,7 @@ def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
     if bad:
         dims, verb = ("input dim (the last)", "is") if len(bad) == 1 else ("input dims (the last)", "are")
         raise ExportError(
-            f"--weights q4: the {dims} of {', '.join(bad)} {verb} not a multiple of the 4-bit block {BLOCK} "
+            f"--weights {weight_dtype}: the {dims} of {', '.join(bad)} {verb} not a multiple of the block {BLOCK} "
             "(use --weights int8 or float32)"
         )
 

@@ -161,6 +161,7 @@ def _worker(root: str | None, weights: str, window: int, threads: int | None) ->
         for lane in range(lanes):
             hashed(prefill(p, lane, prompt))
         out["decode_8"] = decode(p, list(range(lanes)), prompt, steps, lanes)
+        out["ops_8"] = _op_shares(p, rows(list(range(lanes)), [prompt + steps] * lanes, [1] * lanes, True), threads)
     with OrtDecoderPrimitives(model_dir, max_lanes=1, **opened) as p:
         prefill(p, 0, 64)  # the session's first run
         p.release(0)
@@ -174,6 +175,23 @@ def _worker(root: str | None, weights: str, window: int, threads: int | None) ->
     return out
 
 
+def _op_shares(p, rows, threads: int | None, passes: int = 5) -> dict[str, float]:
+    """onnxruntime's profile of ``passes`` passes over ``rows``: kernel ms per pass, and each op
+    type's share of it (%), largest first."""
+    import tempfile
+    from collections import Counter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        profile = p.profile_passes(rows, passes, str(Path(tmp) / "ops"), threads=threads)
+        events = json.loads(profile.read_text())
+    kernel = Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            kernel[e["args"]["op_name"]] += e["dur"]
+    total = sum(kernel.values())
+    return {"kernel_ms": total / passes / 1000, **{op: 100 * us / total for op, us in kernel.most_common()}}
+
+
 def _table(runs: list[dict]) -> None:
     print("| side | round | load | 1 lane @1k: tok/s, best pass ms (CPU ms/tok) | 8 lanes @512: tok/s, best pass ms (CPU ms/tok) | "
           + " | ".join(f"prefill {n}: s (CPU s)" for n in PREFILLS) + " | peak RSS MiB | logits hash |")
@@ -184,6 +202,11 @@ def _table(runs: list[dict]) -> None:
         cells += [f"{r[f'prefill_{n}']['s']:.2f} ({r[f'prefill_{n}']['cpu_s']:.2f})" for n in PREFILLS]
         cells += [f"{r['peak_rss_mib']:.0f}", r["hash"]]
         print("| " + " | ".join(cells) + " |")
+    print("\nonnxruntime's profile of an 8-lane pass (kernel ms per pass; op shares, %):")
+    for r in runs:
+        ops = r["ops_8"]
+        top = ", ".join(f"{op} {share:.1f}" for op, share in list(ops.items())[1:7])
+        print(f"  {r['side']} round {r['round']}: {ops['kernel_ms']:.1f} ms: {top}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ class LLM:
 
     ``model``: None (the default model), a GGUF file, a model directory, or a
     :class:`~sf_trt.entrypoints.model.ModelSpec`; ``weights``: how a GGUF or the
-    default model is exported (``int8``, ``float32``, ``q4``). ``backend``: a backend
+    default model is exported (``int8``, ``float32``, ``q4``, ``gguf``). ``backend``: a backend
     name (``onnxruntime``, ``tensorrt``, ...) with ``threads``, ``engines`` and
     ``spin``, or a :class:`~sf_trt.backends.BackendSpec`. ``max_context``: positions per
     lane (default 2048, capped at the model's context); ``max_num_seqs``: lanes, the

@@ -75,7 +75,7 @@ CACHE_INPUTS = ("pass", "slots")
 """The decoder's two forms, by how the KV caches come in (see ``sf_trt.export.decoder_graph``)."""
 PADDING_POSITION = "max_context"
 """Padding rows sit at position ``max_context``: the cache's trash slot."""
-WEIGHT_DTYPES = ("float32", "int8", "q4")
+WEIGHT_DTYPES = ("float32", "int8", "q4", "gguf")
 DEFAULT_WEIGHTS = "int8"
 """What the CPU path exports by default: a quarter of the weight bytes per pass, rows still exact."""
 PRECISIONS = ("fp32", "fp16", "bf16")
