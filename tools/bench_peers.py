@@ -66,7 +66,8 @@ machine's bytes/s, and each engine's weight bytes read per decode pass come from
 own files (the GGUF's tensors for llama.cpp, the ONNX initializers for genai and
 sf_trt (``--sf-trt-model``, default the GGUF's int8 export in the cache) less the
 tables a pass only gathers a row from, fp32 parameters for HF). Each engine's plain
-decode (decode only where its first token's time is known: llama.cpp, genai, sf_trt)
+decode (decode only where its first token's time is known: llama.cpp, genai; sf_trt's own
+decode-only rate from ``sf-trt bench``)
 is printed as a fraction of bandwidth / bytes per token, and the JSON has ``"limit"``.
 
 The peers are not sf_trt dependencies: install them in a separate environment,
@@ -600,7 +601,7 @@ def limit_report(results: list[dict], sf_doc: dict | None, weights: dict[str, di
         runs = [r["peers"][name]["plain"] for r in results]
         rates[name] = _overall_rate(runs)
     if sf_doc is not None:
-        rates["sf_trt"] = _overall_rate([r["plain"] for r in sf_doc.get("results", [])])
+        rates["sf_trt"] = sf_trt_decode_rate(sf_doc)
     out = {}
     for name, (rate, how) in rates.items():
         per_token = (weights.get(name) or {}).get("bytes_per_token")
@@ -608,6 +609,17 @@ def limit_report(results: list[dict], sf_doc: dict | None, weights: dict[str, di
         out[name] = {"tokens_per_s": rate, "rate": how, "bytes_per_token": per_token, "limit_tokens_per_s": limit,
                      "fraction_of_limit": rate / limit if rate and limit else None}
     return out
+
+
+def sf_trt_decode_rate(doc: dict) -> tuple[float | None, str]:
+    """sf_trt's plain decode rate: ``sf-trt bench``'s own decode-only rate (its runs less the time the
+    same prompts take to one token, timed apart), where given. Not from each request's ``first_token_s``:
+    that is the end of the tick that carried the first token (``--tick-tokens``, 16 by default), so
+    tokens after the first over the time after it would overstate the rate."""
+    decode = (doc.get("decode_tokens_per_s") or {}).get("plain")
+    if isinstance(decode, (int, float)) and 0 < decode < 1e6:  # (bench clamps a non-positive time to 1e-9 s)
+        return float(decode), "decode only (sf-trt bench's: less its own 1-token runs of the same prompts)"
+    return _overall_rate([{k: v for k, v in r["plain"].items() if k != "first_token_s"} for r in doc.get("results", [])])
 
 
 def _overall_rate(runs: list[dict]) -> tuple[float | None, str]:
@@ -912,6 +924,24 @@ def _open_peers(names: list[str], gguf: Path, args) -> list:
     return peers
 
 
+def combined_decode_rates(docs: list[dict]) -> dict[str, float | None]:
+    """The decode-only rate of several ``sf-trt bench --json`` runs together: tokens after each
+    request's first over each run's decode time (its tokens after the first over its own rate); None
+    for a label where any run's rate is missing or absurd (a run whose prefill took all its time)."""
+    out: dict[str, float | None] = {}
+    for label in ("plain", "spec"):
+        tokens = seconds = 0.0
+        for doc in docs:
+            rate = (doc.get("decode_tokens_per_s") or {}).get(label)
+            after_first = sum(max(0, r[label]["tokens"] - 1) for r in doc.get("results", []))
+            if not isinstance(rate, (int, float)) or not 0 < rate < 1e6:
+                tokens = seconds = float("nan")
+                break
+            tokens, seconds = tokens + after_first, seconds + after_first / rate
+        out[label] = round(tokens / seconds, 2) if seconds and seconds == seconds else None
+    return out
+
+
 class SfTrtTurns:
     """``sf-trt bench`` on one prompt at a time, each right after the peers ran it (so the
     machine's load hits sf_trt and the peers alike); :meth:`doc` is their results as one
@@ -942,7 +972,8 @@ class SfTrtTurns:
             runs = [(r[label]["tokens"], r[label]["tokens"] / r[label]["tokens_per_s"]) for r in results if r[label].get("tokens_per_s")]
             totals[label] = round(sum(n for n, _ in runs) / sum(t for _, t in runs), 2) if runs else None
         note = f"{shlex.join(self.cmd)} bench, one prompt per run, after the peers' runs of it"
-        return {"results": results, "throughput_tokens_per_s": totals, "settings": self.docs[0].get("settings")}, note + (
+        return {"results": results, "throughput_tokens_per_s": totals, "decode_tokens_per_s": combined_decode_rates(self.docs),
+                "settings": self.docs[0].get("settings")}, note + (
             f"; failed: {'; '.join(self.notes)}" if self.notes else "")
 
 
