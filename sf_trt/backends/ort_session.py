@@ -11,8 +11,8 @@ loading a model, onnxruntime reads each initializer, rewrites it (DequantizeLine
 MatMul into its n-bit matmul) and prepacks it, freeing the earlier forms as it goes. glibc
 raises its mmap threshold to the size of each large block freed, up to 32 MiB, so the later
 blocks (a 1.1B model's are 4-23 MiB) land in the brk heap, and the ones freed there stay
-resident between live ones. At 1.1B that held about 0.5 GB: ``sf-trt generate``'s peak RSS
-was 1.6x its weights' bytes, 1.2x with this (docs/benchmarks.md, "Peak memory").
+resident between live ones. At 1.1B int8 that held about 0.45 GB: ``sf-trt generate``'s
+peak RSS was 1.6x its weights' bytes, 1.2x with this (docs/benchmarks.md, "Peak memory").
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ __all__ = ["OPTIMIZATION_LEVELS", "open_session", "providers_for", "weights_off_
 
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
-LOAD_MMAP_THRESHOLD = 1 << 20
-"""glibc's mmap threshold while a session loads: every block of 1 MiB or more gets its own
-mapping, returned to the system when freed."""
+LOAD_MMAP_THRESHOLD = 128 << 10
+"""glibc's mmap threshold while a session loads, its own initial one held fixed: every block
+of 128 KiB or more gets its own mapping, returned to the system when freed (at 1 MiB the
+135M model's smaller matrices still left 25 MB of freed blocks in the heap)."""
 RUN_MMAP_THRESHOLD = 32 << 20
-"""... and after: glibc's own ceiling for the threshold it raises by itself (64-bit), so
-the passes' transient buffers (logits, new keys and values) reuse heap memory as they do
-under glibc's default, without a mapping and its page faults per pass."""
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+"""... and after: glibc's own ceiling for the threshold it raises by itself (64-bit), with
+the heap trimmed past twice that, as glibc sets it when it raises the threshold: the
+passes' transient buffers (logits, new keys and values) reuse heap memory as under glibc's
+default, without a mapping and its page faults per pass."""
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 _loading = 0  # sessions loading now, across threads
 _loading_lock = threading.Lock()
 
@@ -67,8 +69,8 @@ def weights_off_heap() -> Iterator[None]:
     finally:
         with _loading_lock:
             _loading -= 1
-            if _loading == 0:
-                _mallopt(_M_MMAP_THRESHOLD, RUN_MMAP_THRESHOLD)
+            if _loading == 0 and _mallopt(_M_MMAP_THRESHOLD, RUN_MMAP_THRESHOLD):
+                _mallopt(_M_TRIM_THRESHOLD, 2 * RUN_MMAP_THRESHOLD)
 
 
 def open_session(
