@@ -13,6 +13,7 @@ raises its mmap threshold to the size of each large block freed, up to 32 MiB, s
 blocks (a 1.1B model's are 4-23 MiB) land in the brk heap, and the ones freed there stay
 resident between live ones. At 1.1B int8 that held about 0.45 GB: ``sf-trt generate``'s
 peak RSS was 1.6x its weights' bytes, 1.2x with this (docs/benchmarks.md, "Peak memory").
+``SF_TRT_WEIGHTS_OFF_HEAP=0`` in the environment leaves glibc's own behaviour.
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ def _mallopt(param: int, value: int) -> bool:
 def weights_off_heap() -> Iterator[None]:
     """Within it, glibc maps blocks of :data:`LOAD_MMAP_THRESHOLD` and more on their own;
     when the last loader in the process leaves, the threshold is set to
-    :data:`RUN_MMAP_THRESHOLD`. Where ``MALLOC_MMAP_THRESHOLD_`` is set, glibc follows it and
-    this does nothing; elsewhere than glibc it does nothing either."""
+    :data:`RUN_MMAP_THRESHOLD`. It does nothing where ``SF_TRT_WEIGHTS_OFF_HEAP`` is ``0``,
+    where ``MALLOC_MMAP_THRESHOLD_`` is set (glibc follows that) and elsewhere than glibc."""
     global _loading
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    if os.environ.get("SF_TRT_WEIGHTS_OFF_HEAP") == "0" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         yield
         return
     with _loading_lock:
