@@ -186,7 +186,7 @@ def bench(args) -> dict:
         "prefill_seconds": round(prefill_s, 3),
         "settings": {"lanes": args.lanes, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                      "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "draft_policy": args.draft_policy, "backend": args.backend,
-                     "weights": args.weights, "max_context": max_context},
+                     "weights": model.model_dir.weights, "max_context": max_context},
     }
 
 

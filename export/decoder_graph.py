@@ -107,7 +107,10 @@ level 4), one per matrix. The GGUF's own Q4_0, Q4_1 and Q4_K blocks go in as the
 input sum times the offset, the block sums coming out of the same ``MatMulNBits`` (indicator
 rows). Other matrices are requantized with a uint8 zero point per block, which ``MatMulNBits``
 takes as an input. The embedding and lm_head are Q8_0 blocks (the GGUF's own, or quantized to
-Q8_0; an 8-bit ``MatMulNBits``). A q4 graph runs on onnxruntime only.
+Q8_0; an 8-bit ``MatMulNBits``). ``"gguf"``: the same, but each matrix in its own GGUF blocks
+with no value changed (:func:`~sf_trt.export.quantize.gguf_bits`): 4 bits where every part of
+it is Q4_0, Q4_1 or Q4_K, else 8 bits (Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 exactly; Q6_K in
+blocks of 16; F16/F32 quantized to Q8_0). A q4 or gguf graph runs on onnxruntime only.
 
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
@@ -128,12 +131,11 @@ Mul, Add, Div, Pow, Sqrt, ReduceMean, Sigmoid, Softmax, Where, LessOrEqual,
 ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
 Tanh with a GELU gate; Sub and Greater with a sliding window;
 DequantizeLinear with int8 weights; Cast below fp32; ArgMax and Constant in the
-pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 weights.
+pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 or gguf weights.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
@@ -148,12 +150,14 @@ from sf_trt.graphs.ranges import declare_ranges
 
 from .families import BIAS_OF, family
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
-from .quantize import BLOCK, Q4_HEAD_KIND, NBitsMatrix, blocks_for, four_bit, quantize_int8
+from .quantize import BLOCK, Q4_HEAD_KIND, NBitsMatrix, blocks_for, four_bit, gguf_bits, quantize_int8
 
 __all__ = ["build_decoder_graph", "pass_form", "rope_tables", "inverse_frequencies", "COMPUTE_TYPES"]
 
 MS_DOMAIN = "com.microsoft"
 """onnxruntime's contrib domain: ``MatMulNBits`` of the q4 export (an onnxruntime-only graph)."""
+NBITS_WEIGHTS = ("q4", "gguf")
+"""The weight choices held in ``MatMulNBits`` (onnxruntime-only graphs)."""
 NBITS_ACCURACY = 4
 """``MatMulNBits``' accuracy level: 4 computes in int8, activations quantized per row and
 block of 32 (onnxruntime's fast CPU path; the int8 export runs the same through its fusion)."""
@@ -256,14 +260,17 @@ def _declare_ranges(model: onnx.ModelProto, cfg: LlamaConfig, max_lanes: int | N
     return declare_ranges(model, inputs=inputs, dims=dims)
 
 
-def _block_indicator(k: int) -> np.ndarray:
-    """``MatMulNBits`` 4-bit rows ``[K / 32, K / 32, 16]`` whose row ``j`` is 1 on input block ``j``
-    and 0 elsewhere (values 9 and 8 at the default zero point 8, scale 1): ``x @ rows.T`` is the
-    sum of ``x`` over each block."""
-    nb = k // BLOCK
-    values = np.full((nb, nb, BLOCK), 8, np.uint8)
-    values[np.arange(nb), np.arange(nb)] = 9
-    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+def _with_block_sums(matrix: NBitsMatrix) -> NBitsMatrix:
+    """``matrix`` and ``K / block`` more rows whose row ``j`` is 1 on input block ``j`` and 0
+    elsewhere (values zero + 1 and zero at the default zero point, scale 1, exact at any bits): ``x``
+    times them is the sum of ``x`` over each block."""
+    out, nb = matrix.scales.shape
+    zero = 2 ** (matrix.bits - 1)
+    q = np.full((nb, nb, matrix.block), zero, np.uint8)
+    q[np.arange(nb), np.arange(nb)] = zero + 1
+    zeros = None if matrix.zeros is None else np.concatenate([matrix.zeros, np.full((nb, nb), zero, np.uint8)])
+    offsets = np.concatenate([matrix.offsets, np.zeros((nb, nb), np.float32)])
+    return NBitsMatrix(matrix.bits, np.concatenate([matrix.q, q]), np.concatenate([matrix.scales, np.ones((nb, nb), np.float32)]), zeros, offsets)
 
 
 def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype, precision) -> None:
@@ -273,8 +280,8 @@ def _check_args(cfg, weights, max_lanes, max_context, cache_inputs, weight_dtype
         raise ValueError(f"build_decoder_graph: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     if cache_inputs not in CACHE_INPUTS:
         raise ValueError(f"build_decoder_graph: cache_inputs {cache_inputs!r} unknown (known: {', '.join(CACHE_INPUTS)})")
-    if weight_dtype == "q4" and precision != "fp32":
-        raise ValueError(f"build_decoder_graph: q4 weights compute in onnxruntime's MatMulNBits (fp32 activations); precision {precision!r} is for float32 or int8 weights")
+    if weight_dtype in NBITS_WEIGHTS and precision != "fp32":
+        raise ValueError(f"build_decoder_graph: {weight_dtype} weights compute in onnxruntime's MatMulNBits (fp32 activations); precision {precision!r} is for float32 or int8 weights")
     weights.check(cfg)
     if max_context is not None and not 1 <= max_context <= cfg.context_length:
         raise ValueError(f"build_decoder_graph: max_context {max_context} outside 1..{cfg.context_length} (the model's context length)")
@@ -339,15 +346,16 @@ class _Decoder:
         """``x @ W.T`` for the layer's matrices ``fields`` stacked by output (one matmul), plus their
         biases where the layer has any, RMSNorm'd by ``post_norm`` (a float32 weight) when given, plus
         ``residual`` (the float32 stream) when given."""
-        w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else np.asarray(getattr(layer, fields[0]))
         bias = _bias(layer, fields)
         plain = bias is None and post_norm is None
-        if self.weight_dtype == "q4":
-            matrix = four_bit(self.weights, [f"layers.{i}.{f}" for f in fields], [getattr(layer, f) for f in fields])
+        if self.weight_dtype in NBITS_WEIGHTS:
+            held = four_bit if self.weight_dtype == "q4" else gguf_bits
+            matrix = held(self.weights, [f"layers.{i}.{f}" for f in fields], [getattr(layer, f) for f in fields])
             y = self.nbits(x, name, matrix, residual if plain else None)
             if plain:
                 return y
         else:
+            w = np.concatenate([getattr(layer, f) for f in fields], axis=0) if len(fields) > 1 else np.asarray(getattr(layer, fields[0]))
             y = self.g.op("MatMul", [x, self.matrix(name, w)], f"{name}_mm")
             if plain:
                 return y if residual is None else self.g.op("Add", [residual, self.to_f32(y, f"{name}_mm")], f"{name}_resid")
@@ -363,31 +371,28 @@ class _Decoder:
         """``x @ W.T`` (``+ residual``) for a matrix in blocks (:class:`NBitsMatrix`), as onnxruntime's
         ``MatMulNBits``, one per matrix; its zero points an input where any block's is not the default.
 
-        Offsets (Q4_1's, Q4_K's): each block's input sum times its offset. The block sums come out
-        of the same ``MatMulNBits``: ``K / 32`` more output columns whose 4-bit values are 9 inside
-        their block and 8 (zero) elsewhere, scale 1 (exact in 4 bits), so they are the sums of the
-        very int8 activations the weights multiply; one small float32 ``MatMul`` applies the
-        offsets, added with the residual in one ``Sum``."""
+        Offsets (Q4_1's, Q4_K's, Q5_1's, Q5_K's): each block's input sum times its offset. The block
+        sums come out of the same ``MatMulNBits``: ``K / block`` more output columns whose values are
+        the zero point plus 1 inside their block and the zero point elsewhere, scale 1 (exact), so
+        they are the sums of the very int8 activations the weights multiply; one small float32
+        ``MatMul`` applies the offsets, added with the residual in one ``Sum``."""
         g = self.g
         n, k = matrix.shape
-        nb = k // BLOCK
-        b, scales, zeros = matrix.packed(), matrix.scales.reshape(-1), matrix.zeros
+        nb = k // matrix.block
         if matrix.offsets is not None:
-            b = np.concatenate([b, _block_indicator(k)])
-            scales = np.concatenate([scales, np.ones(nb * nb, np.float32)])
-            if zeros is not None:
-                zeros = np.concatenate([zeros, np.full((nb, nb), 8, np.uint8)])
+            matrix = _with_block_sums(matrix)
+        b, scales = matrix.packed(), matrix.scales.reshape(-1)
         inputs = [x, g.init(b, f"{name}.q{matrix.bits}"), g.init(scales, f"{name}.scale")]
-        if zeros is not None:
-            inputs.append(g.init(dataclasses.replace(matrix, q=b, zeros=zeros).packed_zeros(), f"{name}.zero"))
+        if matrix.zeros is not None:
+            inputs.append(g.init(matrix.packed_zeros(), f"{name}.zero"))
         y = g.op(
             "MatMulNBits", inputs, f"{name}_mm",
-            domain=MS_DOMAIN, K=k, N=b.shape[0], bits=matrix.bits, block_size=BLOCK, accuracy_level=NBITS_ACCURACY,
+            domain=MS_DOMAIN, K=k, N=b.shape[0], bits=matrix.bits, block_size=matrix.block, accuracy_level=NBITS_ACCURACY,
         )
         if matrix.offsets is None:
             return y if residual is None else g.op("Add", [residual, y], f"{name}_resid")
         y, sums = g.op("Split", [y, g.i64([n, nb])], f"{name}_split", n_out=2, axis=-1)
-        off = g.op("MatMul", [sums, g.init(np.ascontiguousarray(matrix.offsets.T), f"{name}.offset")], f"{name}_offsets")
+        off = g.op("MatMul", [sums, g.init(np.ascontiguousarray(matrix.offsets[:n].T), f"{name}.offset")], f"{name}_offsets")
         return g.op("Sum", [y, off] + ([residual] if residual is not None else []), f"{name}_q41")
 
     def rms_norm(self, x: str, weight: str, stem: str, cast: bool = True) -> str:
@@ -417,7 +422,7 @@ class _Decoder:
         table is the Q8_0 blocks (shared with a tied lm_head), dequantized row by row as
         gathered: ``(b - 128) * d``, exactly the GGUF's values."""
         g = self.g
-        if self.weight_dtype != "q4":
+        if self.weight_dtype not in NBITS_WEIGHTS:
             self.weight(weights.tok_embd, "tok_embd")
             return self.scaled(self.to_f32(g.op("Gather", ["tok_embd", "input_ids"], "embed", axis=0), "embed"))
         table = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND).nbits()
@@ -559,7 +564,7 @@ class _Decoder:
         logits, out = "logits", None
         if self.ct != TensorProto.FLOAT:
             logits, out = "logits_c", "logits"  # the lm_head in C, the logits cast to float32
-        if self.weight_dtype == "q4":
+        if self.weight_dtype in NBITS_WEIGHTS:
             if weights.lm_head is None:  # tied: the embedding's Q8_0 blocks
                 n, k = cfg.vocab, cfg.hidden
                 g.named("MatMulNBits", [hn, "tok_embd.q8", "tok_embd.scale"], logits, domain=MS_DOMAIN, K=k, N=n, bits=8,

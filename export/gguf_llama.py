@@ -111,7 +111,7 @@ class LlamaWeights:
     lm_head: np.ndarray | None = None  # [vocab, hidden]
     blocks: dict[str, tuple[str, np.ndarray]] = dataclasses.field(default_factory=dict)
     """The GGUF's own bytes of the matrices it stores in a block type the 4-bit export carries
-    (``Q4_0``, ``Q4_1``, ``Q4_K``, ``Q8_0``): ``{"tok_embd" | "lm_head" | "layers.<i>.<field>": (type name, raw uint8
+    (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): ``{"tok_embd" | "lm_head" | "layers.<i>.<field>": (type name, raw uint8
     [out, bytes per row])}``; the float32 arrays above are their dequantization."""
     rope_factors: np.ndarray | None = None
     """``[head_dim / 2]`` divisors of the rotary frequencies of the layers that use the global table
@@ -417,8 +417,8 @@ def _dequantize(reader, tensor) -> np.ndarray:
     return values
 
 
-_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
-"""The block types whose bytes :attr:`LlamaWeights.blocks` keeps (those ``weights="q4"`` carries as they are)."""
+_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+"""The block types whose bytes :attr:`LlamaWeights.blocks` keeps (those ``weights="q4"`` or ``"gguf"`` carries as they are)."""
 
 
 def _raw_blocks(tensor) -> np.ndarray:

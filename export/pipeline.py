@@ -37,8 +37,18 @@ from sf_trt.models import DEFAULT_MODEL, cache_lock, default_gguf_path, export_d
 # onnx alone is ~20 MB of a generate's peak RSS)
 __all__ = [
     "default_model_dir", "export_model_dir", "write_model_dir", "check_out_dir", "check_weight_dtype", "read_source", "source_digest",
-    "graph_facts", "OutDirError", "ExportError",
+    "graph_facts", "OutDirError", "ExportError", "auto_weights", "AUTO_NBITS_PARAMETERS",
 ]
+
+AUTO_NBITS_PARAMETERS = 1_000_000_000
+"""``--weights auto`` keeps a GGUF's own blocks (``gguf``) from this many parameters up: there a
+decode pass is a read of every weight, and 4-bit blocks read half int8's bytes (a one-row pass of
+a 1.1B Q4_0 model in 0.68x int8's time). Below it a pass is per-op overhead: at 135M 4-bit
+decode is level with int8 and 9-row verify passes are 4-10% slower (docs/benchmarks.md,
+"4-bit weights from GGUF blocks")."""
+_FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K"})
+_GGUF_CARRIED_TYPES = _FOUR_BIT_TYPES | {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "F16", "F32"}
+"""Tensor types ``--weights gguf`` holds without changing a value."""
 
 
 class OutDirError(ModelDirError):
@@ -50,14 +60,14 @@ class ExportError(ModelDirError):
 
 
 def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
-    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 keeps each layer
+    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 and gguf keep each layer
     matrix's input dim in blocks of 32 (hidden, heads x head dim, ffn); the error names each matrix
     that does not divide, its shape ``[out, in]`` and the block."""
     from .families import GGUF_LAYER_NAMES, family
     from .gguf_llama import layer_shapes
     from .quantize import BLOCK
 
-    if weight_dtype != "q4":
+    if weight_dtype not in ("q4", "gguf"):
         return
     shapes = layer_shapes(cfg)
     mats = [f for f in family(cfg.arch).layer_fields if f.startswith("w")]
@@ -65,9 +75,39 @@ def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
     if bad:
         dims, verb = ("input dim (the last)", "is") if len(bad) == 1 else ("input dims (the last)", "are")
         raise ExportError(
-            f"--weights q4: the {dims} of {', '.join(bad)} {verb} not a multiple of the 4-bit block {BLOCK} "
+            f"--weights {weight_dtype}: the {dims} of {', '.join(bad)} {verb} not a multiple of the block {BLOCK} "
             "(use --weights int8 or float32)"
         )
+
+
+def auto_weights(source: str | os.PathLike | None, precision: str = DEFAULT_PRECISION) -> tuple[str, str]:
+    """What ``--weights auto`` exports ``source`` (a GGUF, a checkpoint directory, or None for the
+    default model) with, and why in a few words: ``gguf`` for a float32-compute export of a GGUF of
+    at least :data:`AUTO_NBITS_PARAMETERS` parameters with 4-bit blocks, every tensor in a type
+    ``gguf`` carries and every layer matrix in whole blocks; :data:`DEFAULT_WEIGHTS` otherwise.
+    Reads the GGUF's header only."""
+    from .gguf_llama import GGUFError, open_reader, read_config
+
+    if source is None or Path(source).is_dir():
+        return DEFAULT_WEIGHTS, "the default model" if source is None else "a checkpoint's float weights"
+    if precision != "fp32":
+        return DEFAULT_WEIGHTS, f"--precision {precision} (4-bit blocks compute in fp32)"
+    try:
+        reader = open_reader(source)
+        cfg = read_config(reader)
+    except (GGUFError, ValueError) as exc:
+        return DEFAULT_WEIGHTS, f"its header did not read ({exc})"
+    parameters = sum(int(t.n_elements) for t in reader.tensors)
+    types = {t.tensor_type.name for t in reader.tensors}
+    if parameters < AUTO_NBITS_PARAMETERS:
+        return DEFAULT_WEIGHTS, f"{parameters / 1e6:.0f}M parameters, under {AUTO_NBITS_PARAMETERS / 1e9:g}B"
+    if not types & _FOUR_BIT_TYPES or not types <= _GGUF_CARRIED_TYPES:
+        return DEFAULT_WEIGHTS, f"its tensor types {', '.join(sorted(types))} are not 4-bit GGUF blocks gguf carries"
+    try:
+        check_weight_dtype(cfg, "gguf")
+    except ExportError as exc:
+        return DEFAULT_WEIGHTS, str(exc)
+    return "gguf", f"{parameters / 1e9:.1f}B parameters in 4-bit GGUF blocks ({', '.join(sorted(types & _FOUR_BIT_TYPES))}), kept as they are"
 
 
 def export_model_dir(

@@ -15,6 +15,8 @@ Every other matrix (Q5_0, Q5_1, Q5_K, Q6_K and, for the layer matrices, Q8_0; F1
 checkpoint's weights) ``weights="q4"`` requantizes from its float32 values (:func:`requantize_4bit`:
 4 bits per block of 32, asymmetric, a uint8 zero point), so each matrix is one ``MatMulNBits``.
 ``tools/q4_error.py`` prints, per GGUF type, how far that holds a file's matrices from its values.
+``weights="gguf"`` changes no value instead (:func:`gguf_bits`): the 5-, 6- and 8-bit blocks in
+8 bits (:func:`eight_bit`), a fused matrix widened to 8 bits where any part is.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .gguf_llama import LlamaWeights
 
 __all__ = [
     "quantize_int8", "int8_weights", "GgmlBlocks", "NBitsMatrix", "BLOCK", "CARRIED_KINDS", "four_bit",
-    "requantize_4bit", "requantization_error", "q4_weights",
+    "requantize_4bit", "requantization_error", "q4_weights", "eight_bit", "gguf_bits",
 ]
 
 BLOCK = 32
@@ -83,7 +85,29 @@ class NBitsMatrix:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.q.shape[0], self.q.shape[1] * BLOCK
+        return self.q.shape[0], self.q.shape[1] * self.q.shape[2]
+
+    @property
+    def block(self) -> int:
+        """Weights per block (32; 16 for Q6_K's sub-blocks)."""
+        return self.q.shape[2]
+
+    def widened(self) -> "NBitsMatrix":
+        """The same values in 8 bits (zero point and values moved by 120: exact)."""
+        if self.bits == 8:
+            return self
+        zeros = None if self.zeros is None else self.zeros + np.uint8(120)
+        return NBitsMatrix(8, self.q + np.uint8(120), self.scales, zeros, self.offsets)
+
+    def in_blocks_of(self, block: int) -> "NBitsMatrix":
+        """The same values in blocks of ``block`` (a divisor of :attr:`block`: each block's scale,
+        zero point and offset repeated over its parts; exact)."""
+        if block == self.block:
+            return self
+        r = self.block // block
+        out, nb = self.scales.shape
+        rep = lambda a: None if a is None else np.repeat(a, r, axis=1)  # noqa: E731
+        return NBitsMatrix(self.bits, self.q.reshape(out, nb * r, block), rep(self.scales), rep(self.zeros), rep(self.offsets))
 
     def packed(self) -> np.ndarray:
         """``q`` as ``MatMulNBits``' B: uint8 ``[out, nb, BLOCK * bits / 8]`` (4 bits: values
@@ -113,12 +137,15 @@ class NBitsMatrix:
 
     @classmethod
     def concat(cls, parts: list["NBitsMatrix"]) -> "NBitsMatrix":
-        """The rows of ``parts`` one after another (one matrix of their outputs), all of one bit width."""
+        """The rows of ``parts`` one after another (one matrix of their outputs), all of one bit width,
+        in the smallest block among them."""
         bits = {p.bits for p in parts}
         if len(bits) != 1:
             raise ValueError(f"NBitsMatrix.concat: parts of {sorted(bits)} bits; expected one width")
         if len(parts) == 1:
             return parts[0]
+        block = min(p.block for p in parts)
+        parts = [p.in_blocks_of(block) for p in parts]
         default = 2 ** (parts[0].bits - 1)
         zeros = offsets = None
         if any(p.zeros is not None for p in parts):
@@ -239,6 +266,70 @@ class GgmlBlocks:
         return NBitsMatrix(4, q, d, None, (_f16(blocks[..., 2:4]) + np.float32(8.0) * d).astype(np.float32))
 
 
+def _bits_at(packed: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Bit ``index`` (little-endian across the bytes) of each row of ``packed`` ``[..., bytes]``."""
+    return (packed[..., index // 8] >> (index % 8).astype(np.uint8)) & 1
+
+
+def eight_bit(blocks: GgmlBlocks) -> NBitsMatrix:
+    """Any carried or 5-/6-bit GGML blocks as ``MatMulNBits`` 8-bit operands, no value rounded
+    (default zero point 128): the 4-bit kinds widened; Q5_0 (``d * (q - 16)``) as ``q + 112``; Q5_1
+    (``d * q + m``) and Q5_K (sub-blocks of 32, ``d sc q - dmin mn``) as ``q + 128`` with their
+    offsets; Q6_K (sub-blocks of 16, ``d sc (q - 32)``, ``sc`` int8) as ``q + 96`` in blocks of 16."""
+    kind, raw = blocks.kind, blocks.raw
+    out, k = blocks.shape
+    if kind in CARRIED_KINDS:
+        return blocks.nbits().widened()
+    if kind in ("Q5_0", "Q5_1"):
+        b = raw.reshape(out, k // BLOCK, _BLOCK_BYTES[kind])
+        d = _f16(b[..., 0:2])
+        at = 2 if kind == "Q5_0" else 4
+        qh, qs = b[..., at:at + 4], b[..., at + 4:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (_bits_at(qh, np.arange(BLOCK)) << 4)
+        if kind == "Q5_0":
+            return NBitsMatrix(8, (q + 112).astype(np.uint8), d)
+        return NBitsMatrix(8, (q + 128).astype(np.uint8), d, None, _f16(b[..., 2:4]))
+    n = k // 256
+    b = raw.reshape(out, n, _BLOCK_BYTES[kind])
+    if kind == "Q5_K":
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sc, mn = _k_scales(b[..., 4:16])
+        qh, ql = b[..., 16:48], b[..., 48:].reshape(out, n, 4, 32)  # chunk j: low nibbles (sub-block 2j), then high
+        high = np.stack([(qh >> np.uint8(2 * j + h)) & 1 for j in range(4) for h in range(2)], axis=2)
+        q = np.stack([ql & 0x0F, ql >> 4], axis=3).reshape(out, n, 8, 32) | (high << 4)
+        scales = (d[..., None] * sc).reshape(out, n * 8)
+        return NBitsMatrix(8, (q + 128).astype(np.uint8).reshape(out, n * 8, BLOCK), scales, None,
+                           (-(dmin[..., None] * mn)).reshape(out, n * 8).astype(np.float32))
+    if kind == "Q6_K":
+        ql, qh = b[..., 0:128].reshape(out, n, 2, 64), b[..., 128:192].reshape(out, n, 2, 32)
+        sc, d = b[..., 192:208].view(np.int8).astype(np.float32), _f16(b[..., 208:210])
+        lo = np.stack([ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)  # [out, n, 2, 4, 32]
+        hi = np.stack([(qh >> np.uint8(2 * t)) & 3 for t in range(4)], axis=3)
+        q = (lo | (hi << 4)).reshape(out, n * 16, 16)
+        return NBitsMatrix(8, (q + 96).astype(np.uint8), (d[..., None] * sc).reshape(out, n * 16))
+    raise ValueError(f"eight_bit: {kind} blocks have no lossless 8-bit form")
+
+
+def gguf_bits(weights: LlamaWeights, keys: list[str], parts: list[np.ndarray]) -> NBitsMatrix:
+    """The matrices ``keys`` stacked by output, each in its own GGUF blocks as losslessly as
+    ``MatMulNBits`` allows (``weights="gguf"``): 4 bits where every part is Q4_0, Q4_1 or Q4_K,
+    else 8 bits (:func:`eight_bit`; a part without 5-, 6- or 8-bit blocks, F16 or F32, quantized
+    to Q8_0)."""
+    held = []
+    for key, w in zip(keys, parts):
+        found = weights.blocks.get(key)
+        given = GgmlBlocks(*found) if found is not None else None
+        if given is None:
+            held.append(GgmlBlocks.quantize(w, "Q8_0").nbits())
+        elif CARRIED_KINDS.get(given.kind) == 4:
+            held.append(given.nbits())
+        else:
+            held.append(eight_bit(given))
+    if any(h.bits == 8 for h in held):
+        held = [h.widened() for h in held]
+    return NBitsMatrix.concat(held)
+
+
 def blocks_for(weights: LlamaWeights, keys: list[str], w: np.ndarray, kind: str) -> GgmlBlocks:
     """The matrix ``w`` (the matrices ``keys`` of :attr:`LlamaWeights.blocks` stacked by output) in
     ``kind`` blocks: the GGUF's own bytes when it stores every part so, else ``w`` quantized as
@@ -290,13 +381,15 @@ embedding and the lm_head in Q8_0 blocks."""
 _MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
-def q4_weights(weights: LlamaWeights) -> LlamaWeights:
-    """The float32 weights the ``weight_dtype="q4"`` graph computes with (as :func:`int8_weights`
-    for int8): each layer matrix its 4-bit values (:func:`four_bit`), the embedding and the lm_head
-    their Q8_0 blocks' values; for a GGUF that stores them so, its own dequantized weights (up to
+def q4_weights(weights: LlamaWeights, weight_dtype: str = "q4") -> LlamaWeights:
+    """The float32 weights the ``weight_dtype="q4"`` (or ``"gguf"``) graph computes with (as
+    :func:`int8_weights` for int8): each layer matrix its 4-bit values (:func:`four_bit`; with
+    ``"gguf"``, its own blocks' values, :func:`gguf_bits`), the embedding and the lm_head their
+    Q8_0 blocks' values; for a GGUF that stores them so, its own dequantized weights (up to
     float32 rounding of the offsets)."""
+    held = four_bit if weight_dtype == "q4" else gguf_bits
     layers = [
-        dataclasses.replace(layer, **{m: four_bit(weights, [f"layers.{i}.{m}"], [getattr(layer, m)]).dequantize() for m in _MATS})
+        dataclasses.replace(layer, **{m: held(weights, [f"layers.{i}.{m}"], [getattr(layer, m)]).dequantize() for m in _MATS})
         for i, layer in enumerate(weights.layers)
     ]
     embd = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND).dequantize()

@@ -131,19 +131,24 @@ def tiny_q4_model_dir(tiny, tmp_path_factory):
     return write_model_dir(tmp_path_factory.mktemp("tinyq4") / "model", cfg, graph, weight_dtype="q4")
 
 
-def q4_k_raw(rng, out: int, k: int):
-    """Random Q4_K bytes ``[out, k / 256 * 144]`` of weights about N(0, 1/k): per sub-block of 32 a
-    6-bit scale ``sc`` in 16..63 and min ``m`` about ``7.5 sc / 8`` (``dmin = 8 d``), so each block
-    is centred near 0; the nibbles anything."""
+def k_quant_raw(rng, kind: str, out: int, k: int):
+    """Random Q4_K, Q5_K or Q6_K bytes ``[out, k / 256 * block bytes]`` of weights about N(0, 1/k):
+    Q4_K/Q5_K with 6-bit scales ``sc`` in 16..63 and mins about half the range (``dmin = 8 d``), so
+    each block is centred near 0; Q6_K with int8 scales; the values anything."""
     import numpy as np
 
-    n = k // 256
-    raw = rng.integers(0, 256, (out, n, 144), dtype=np.uint8)
-    d = (rng.uniform(0.5, 1.5, (out, n)) * 0.35 / np.sqrt(k) / 40).astype(np.float16)
+    n, steps = k // 256, {"Q4_K": 15, "Q5_K": 31, "Q6_K": 63}[kind]
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
+    raw = rng.integers(0, 256, (out, n, size), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.5, (out, n)) * 1.7 / np.sqrt(k) / steps / 40).astype(np.float16)
+    if kind == "Q6_K":
+        raw[..., 192:208] = rng.integers(-63, 64, (out, n, 16)).astype(np.int8).view(np.uint8)
+        raw[..., 208:210] = d[..., None].view(np.uint8)
+        return raw.reshape(out, -1)
     raw[..., 0:2] = d[..., None].view(np.uint8)
     raw[..., 2:4] = (d * np.float16(8))[..., None].view(np.uint8)
     sc = rng.integers(16, 64, (out, n, 8)).astype(np.uint8)
-    mn = np.clip(np.rint(7.5 * sc / 8 + rng.integers(-2, 3, sc.shape)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(steps / 2 * sc / 8 + rng.integers(-2, 3, sc.shape)), 0, 63).astype(np.uint8)
     raw[..., 4:8] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
     raw[..., 8:12] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
     raw[..., 12:16] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
@@ -155,14 +160,18 @@ MIXED_Q4_BLOCKS = {
     1: {"wq": "Q4_0", "wk": "Q4_0", "wv": "Q4_0", "w_gate": "Q4_K", "w_up": "Q4_K", "w_down": "Q4_1"},  # wo: requantized
 }
 """The tiny mixed model's GGUF block types per layer matrix (the rest float, as a Q6_K or F16 tensor reads)."""
+MIXED_GGUF_BLOCKS = {
+    0: {"wq": "Q4_K", "wk": "Q4_K", "wv": "Q6_K", "wo": "Q5_K", "w_gate": "Q5_0", "w_up": "Q5_1", "w_down": "Q6_K"},
+    1: {"wq": "Q4_0", "wk": "Q4_0", "wv": "Q4_0", "w_gate": "Q4_1", "w_up": "Q4_1", "w_down": "Q8_0"},  # wo: float
+}
+"""The tiny model of ``weights="gguf"``'s forms: 8 bits in blocks of 16 (Q6_K, Q4_K widened beside it),
+8 bits with offsets (Q5_K, Q5_1), 4 bits (Q4_0; Q4_1 with offsets), Q8_0, a float matrix in Q8_0."""
 
 
-@pytest.fixture(scope="session")
-def tiny_mixed_q4():
-    """``(cfg, weights)`` of a tiny Llama (dims multiples of 256, as K-quants need) whose matrices
-    are held in every form ``weights="q4"`` takes: Q4_0, Q4_1, Q4_K blocks carried as they are and
-    float matrices requantized, mixed within the fused q/k/v and gate/up matrices
-    (``MIXED_Q4_BLOCKS``); the embedding in Q8_0. The float arrays are the blocks' values."""
+def _mixed_blocks(plan: dict, seed: int):
+    """``(cfg, weights)`` of a tiny Llama (dims multiples of 256, as K-quants need) whose layer
+    matrices are held in the GGUF block types of ``plan`` (the float arrays their values); the
+    embedding in Q8_0."""
     import dataclasses
 
     import numpy as np
@@ -170,18 +179,43 @@ def tiny_mixed_q4():
     from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
 
     cfg = tiny_llama_config(hidden=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=256)
-    weights = random_llama_weights(cfg, seed=3)
-    rng = np.random.default_rng(3)
+    weights = random_llama_weights(cfg, seed=seed)
+    rng = np.random.default_rng(seed)
     blocks = {}
-    for i, kinds in MIXED_Q4_BLOCKS.items():
+    for i, kinds in plan.items():
         for field, kind in kinds.items():
             w = getattr(weights.layers[i], field)
-            given = GgmlBlocks(kind, q4_k_raw(rng, *w.shape)) if kind == "Q4_K" else GgmlBlocks.quantize(w, kind)
+            given = GgmlBlocks(kind, k_quant_raw(rng, kind, *w.shape)) if kind.endswith("_K") else GgmlBlocks.quantize(w, kind)
             setattr(weights.layers[i], field, given.dequantize())
             blocks[f"layers.{i}.{field}"] = (kind, given.raw)
     embd = GgmlBlocks.quantize(weights.tok_embd, "Q8_0")
     blocks["tok_embd"] = ("Q8_0", embd.raw)
     return cfg, dataclasses.replace(weights, tok_embd=embd.dequantize(), blocks=blocks)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_q4():
+    """A tiny Llama whose matrices are held in every form ``weights="q4"`` takes: Q4_0, Q4_1, Q4_K
+    blocks carried as they are and float matrices requantized, mixed within the fused q/k/v and
+    gate/up matrices (``MIXED_Q4_BLOCKS``)."""
+    return _mixed_blocks(MIXED_Q4_BLOCKS, 3)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_gguf():
+    """A tiny Llama whose matrices are held in every form ``weights="gguf"`` takes (``MIXED_GGUF_BLOCKS``)."""
+    return _mixed_blocks(MIXED_GGUF_BLOCKS, 4)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_gguf_model_dir(tiny_mixed_gguf, tmp_path_factory):
+    """:func:`tiny_mixed_gguf` exported with gguf weights."""
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
+
+    cfg, weights = tiny_mixed_gguf
+    graph = build_decoder_graph(cfg, weights, weight_dtype="gguf")
+    return write_model_dir(tmp_path_factory.mktemp("tinymixedgguf") / "model", cfg, graph, weight_dtype="gguf")
 
 
 @pytest.fixture(scope="session")

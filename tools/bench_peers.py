@@ -66,7 +66,8 @@ machine's bytes/s, and each engine's weight bytes read per decode pass come from
 own files (the GGUF's tensors for llama.cpp, the ONNX initializers for genai and
 sf_trt (``--sf-trt-model``, default the GGUF's int8 export in the cache) less the
 tables a pass only gathers a row from, fp32 parameters for HF). Each engine's plain
-decode (decode only where its first token's time is known: llama.cpp, genai, sf_trt)
+decode (decode only where its first token's time is known: llama.cpp, genai; sf_trt's own
+decode-only rate from ``sf-trt bench``)
 is printed as a fraction of bandwidth / bytes per token, and the JSON has ``"limit"``.
 
 The peers are not sf_trt dependencies: install them in a separate environment,
@@ -150,6 +151,7 @@ class LlamaCppPeer:
     packages = ("llama_cpp",)
 
     def __init__(self, gguf: Path, threads: int, n_ctx: int, lookup: int) -> None:
+        preload_llama_cpp_shim()
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -176,6 +178,26 @@ class LlamaCppPeer:
             if len(out) >= n or (allow_eos and tok == self.eos):
                 break
         return out, time.perf_counter() - start
+
+
+def preload_llama_cpp_shim() -> None:
+    """Where ``LLAMA_CPP_LIB_PATH`` names a prebuilt llama.cpp patched by tools/llama_cpp_glibc.py
+    (the llama-cpp-py-sync wheel's libraries on an older glibc), open its shim first. Unset, and
+    llama-cpp-python installed without its own library (``-DLLAMA_BUILD=OFF``) beside
+    llama-cpp-py-sync, it is set to that package's folder."""
+    import importlib.util
+
+    lib = os.environ.get("LLAMA_CPP_LIB_PATH")
+    own, prebuilt = importlib.util.find_spec("llama_cpp"), importlib.util.find_spec("llama_cpp_py_sync")
+    if not lib and own and own.origin and prebuilt and prebuilt.origin and not list((Path(own.origin).parent / "lib").glob("libllama*")):
+        lib = os.environ["LLAMA_CPP_LIB_PATH"] = str(Path(prebuilt.origin).parent)
+        say(f"llama-cpp-python has no library of its own: LLAMA_CPP_LIB_PATH={lib} (llama-cpp-py-sync's)")
+    if lib:
+        if str(Path(__file__).resolve().parent) not in sys.path:  # tools/ is no package
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llama_cpp_glibc import preload
+
+        preload(Path(lib))
 
 
 GENAI_NGRAM_SIZE = 3
@@ -392,8 +414,10 @@ def sf_trt_spins() -> bool:
     return os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
 
 
-def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float) -> tuple[dict | None, str]:
-    """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``; (its JSON or None, a note)."""
+def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float,
+               extra: list[str] | tuple[str, ...] = ()) -> tuple[dict | None, str]:
+    """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``, with ``extra`` (``--sf-trt-args``:
+    e.g. ``--model DIR``) after ``bench``; (its JSON or None, a note)."""
     try:
         helptext = subprocess.run(cmd + ["bench", "--help"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -406,7 +430,7 @@ def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: boo
         for p in prompts:  # the effective set (--only, --max-tokens applied)
             f.write(json.dumps({k: p[k] for k in p if k in ("id", "kind", "messages", "prompt_ids", "max_tokens")}) + "\n")
         prompt_file = f.name
-    full = cmd + ["bench", "--prompts", prompt_file, "--json"]
+    full = cmd + ["bench", *extra, "--prompts", prompt_file, "--json"]
     if "--threads" in options:
         full += ["--threads", str(threads)]
     if not allow_eos and "--ignore-eos" in options:  # exactly max_tokens tokens, as the HF runs
@@ -577,7 +601,7 @@ def limit_report(results: list[dict], sf_doc: dict | None, weights: dict[str, di
         runs = [r["peers"][name]["plain"] for r in results]
         rates[name] = _overall_rate(runs)
     if sf_doc is not None:
-        rates["sf_trt"] = _overall_rate([r["plain"] for r in sf_doc.get("results", [])])
+        rates["sf_trt"] = sf_trt_decode_rate(sf_doc)
     out = {}
     for name, (rate, how) in rates.items():
         per_token = (weights.get(name) or {}).get("bytes_per_token")
@@ -587,10 +611,23 @@ def limit_report(results: list[dict], sf_doc: dict | None, weights: dict[str, di
     return out
 
 
+def sf_trt_decode_rate(doc: dict) -> tuple[float | None, str]:
+    """sf_trt's plain decode rate: ``sf-trt bench``'s own decode-only rate (its runs less the time the
+    same prompts take to one token, timed apart), where given. Not from each request's ``first_token_s``:
+    that is the end of the tick that carried the first token (``--tick-tokens``, 16 by default), so
+    tokens after the first over the time after it would overstate the rate."""
+    decode = (doc.get("decode_tokens_per_s") or {}).get("plain")
+    if isinstance(decode, (int, float)) and 0 < decode < 1e6:  # (bench clamps a non-positive time to 1e-9 s)
+        return float(decode), "decode only (sf-trt bench's: less its own 1-token runs of the same prompts)"
+    return _overall_rate([{k: v for k, v in r["plain"].items() if k != "first_token_s"} for r in doc.get("results", [])])
+
+
 def _overall_rate(runs: list[dict]) -> tuple[float | None, str]:
     """Tokens over seconds summed over ``runs``: after the first token where every run says when it came."""
-    if runs and all(isinstance(r.get("first_token_s"), (int, float)) for r in runs):
-        return sum(r["tokens"] - 1 for r in runs) / sum(r["tokens"] / r["tokens_per_s"] - r["first_token_s"] for r in runs), "decode only"
+    if runs and all(isinstance(r.get("first_token_s"), (int, float)) and r.get("tokens_per_s") for r in runs):
+        after_first = sum(r["tokens"] / r["tokens_per_s"] - r["first_token_s"] for r in runs)
+        if after_first > 0:  # (a few tokens at a rounded rate can put the first token's time past the whole run's)
+            return sum(r["tokens"] - 1 for r in runs) / after_first, "decode only"
     if runs and all(r.get("tokens_per_s") for r in runs):
         return sum(r["tokens"] for r in runs) / sum(r["tokens"] / r["tokens_per_s"] for r in runs), "end to end (prefill included)"
     return None, "no runs"
@@ -621,7 +658,8 @@ def prefill_ids(encoded: list[tuple], length: int) -> list[int]:
 def sf_trt_prefill(cmd: list[str], ids: list[int], args) -> tuple[list[float] | None, str]:
     """sf_trt's times to the first token of ``ids`` (``sf-trt bench``, ``max_tokens`` 1: its plain
     and its speculative run), or (None, why)."""
-    doc, note = run_sf_trt(cmd, [{"id": f"prefill_{len(ids)}", "prompt_ids": ids, "max_tokens": 1}], args.threads, True, args.sf_trt_timeout)
+    doc, note = run_sf_trt(cmd, [{"id": f"prefill_{len(ids)}", "prompt_ids": ids, "max_tokens": 1}], args.threads, True, args.sf_trt_timeout,
+                           shlex.split(args.sf_trt_args))
     result = next(iter((doc or {}).get("results") or []), None)
     if result is None:
         return None, note
@@ -751,6 +789,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", dest="json_path", type=Path, default=Path("bench_peers.json"), help="write results here (default bench_peers.json)")
     ap.add_argument("--sf-trt", action="store_true", help="also run `sf-trt bench --json` on each prompt right after the peers, and add ratio columns")
     ap.add_argument("--sf-trt-cmd", default=None, help="the sf-trt command line (default: `sf-trt` on PATH)")
+    ap.add_argument("--sf-trt-args", default="", metavar="ARGS",
+                    help="more `sf-trt bench` options, one string, after `bench` (e.g. \"--model DIR --weights q4\" for another model than "
+                    "the default SmolLM2 export)")
     ap.add_argument("--sf-trt-json", type=Path, help="merge this saved `sf-trt bench --json` output instead of running sf-trt")
     ap.add_argument("--sf-trt-timeout", type=float, default=3600.0, help="seconds to allow each sf-trt run (default 3600)")
     ap.add_argument("--prefill", type=_lengths, metavar="N,N,...",
@@ -883,6 +924,24 @@ def _open_peers(names: list[str], gguf: Path, args) -> list:
     return peers
 
 
+def combined_decode_rates(docs: list[dict]) -> dict[str, float | None]:
+    """The decode-only rate of several ``sf-trt bench --json`` runs together: tokens after each
+    request's first over each run's decode time (its tokens after the first over its own rate); None
+    for a label where any run's rate is missing or absurd (a run whose prefill took all its time)."""
+    out: dict[str, float | None] = {}
+    for label in ("plain", "spec"):
+        tokens = seconds = 0.0
+        for doc in docs:
+            rate = (doc.get("decode_tokens_per_s") or {}).get(label)
+            after_first = sum(max(0, r[label]["tokens"] - 1) for r in doc.get("results", []))
+            if not isinstance(rate, (int, float)) or not 0 < rate < 1e6:
+                tokens = seconds = float("nan")
+                break
+            tokens, seconds = tokens + after_first, seconds + after_first / rate
+        out[label] = round(tokens / seconds, 2) if seconds and seconds == seconds else None
+    return out
+
+
 class SfTrtTurns:
     """``sf-trt bench`` on one prompt at a time, each right after the peers ran it (so the
     machine's load hits sf_trt and the peers alike); :meth:`doc` is their results as one
@@ -894,7 +953,8 @@ class SfTrtTurns:
         self.notes: list[str] = []
 
     def __call__(self, prompt: dict) -> None:
-        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout)
+        doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout,
+                               shlex.split(self.args.sf_trt_args))
         if doc is None:
             self.notes.append(f"{prompt['id']}: {note}")
             return
@@ -912,7 +972,8 @@ class SfTrtTurns:
             runs = [(r[label]["tokens"], r[label]["tokens"] / r[label]["tokens_per_s"]) for r in results if r[label].get("tokens_per_s")]
             totals[label] = round(sum(n for n, _ in runs) / sum(t for _, t in runs), 2) if runs else None
         note = f"{shlex.join(self.cmd)} bench, one prompt per run, after the peers' runs of it"
-        return {"results": results, "throughput_tokens_per_s": totals, "settings": self.docs[0].get("settings")}, note + (
+        return {"results": results, "throughput_tokens_per_s": totals, "decode_tokens_per_s": combined_decode_rates(self.docs),
+                "settings": self.docs[0].get("settings")}, note + (
             f"; failed: {'; '.join(self.notes)}" if self.notes else "")
 
 

@@ -4,7 +4,7 @@
     python tools/precision_agreement.py [--precision fp16] [--weights int8|q4] [--max-tokens 64] [--prompts FILE] [--json OUT]
 
 Exports the default model (SmolLM2-135M-Instruct, float32 weights) at fp32 and, as the
-candidate, at ``--precision`` (default fp16) or with ``--weights`` (int8 or q4, at fp32)
+candidate, at ``--precision`` (default fp16) or with ``--weights`` (int8, q4 or gguf, at fp32)
 into the cache (once), runs both on onnxruntime's CPU kernels, and for every prompt of
 ``tools/prompts/bench.jsonl`` reports:
 
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", choices=[p for p in PRECISIONS if p != "fp32"], default=None,
                     help="the candidate's compute precision, float32 weights (default fp16 unless --weights)")
     ap.add_argument("--weights", choices=[w for w in WEIGHT_DTYPES if w != "float32"], default=None,
-                    help="the candidate's weights instead, at fp32 (int8, q4)")
+                    help="the candidate's weights instead, at fp32 (int8, q4, gguf)")
     ap.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
     ap.add_argument("--prompts", type=Path, default=BENCH_PROMPTS)
     ap.add_argument("--threads", type=int, default=None, help="onnxruntime threads (default: one per core)")

@@ -162,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-id", default="story_lighthouse", help="the prompt's id in --prompts")
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--weights", default=None, help="the weights the model is exported with (default: the CLI's default, int8)")
+    ap.add_argument("--weights", default=None, help="the weights the model is exported with (default: int8, what the CLI's auto picks for the default model)")
     ap.add_argument("--speculate", action="store_true", help="prompt lookup on (default: plain decode)")
     ap.add_argument("--sample", action="store_true", help="temperature 0.8, top-p 0.95, seed 1 (default: greedy)")
     ap.add_argument("--lanes", type=int, default=1,

@@ -7,8 +7,10 @@ The shapes are the models' own (``SHAPES``); weights are N(0, 1/in), quantized p
 ``--type`` (any type gguf can quantize: Q8_0, F16, ...), and streamed to the file one tensor at a
 time (``GGUFWriter.add_tensor_info`` then ``write_tensor_data``), so writing an 8B GGUF needs one
 tensor's memory, not the model's. The vocabulary is byte-level pieces padded with ``<unused{i}>``,
-so the export's tokenizer builds. Random weights write nonsense text: drive such a model with
-token ids (``tools/bench_prefix_cache.py --token-prompts``). ``--context`` sets the context length
+so the export's tokenizer builds, and a chat template of TinyLlama's form (``<|user|>`` ...
+``</s>``, ``<|assistant|>``) lets chat prompts (``sf-trt bench``, tools/bench_peers.py) run on it.
+Random weights write nonsense text: drive such a model with token ids where the text matters
+(``tools/bench_prefix_cache.py --token-prompts``). ``--context`` sets the context length
 the file declares (rope has no trained length here: a 4k benchmark of the 1.1B shape needs more
 than its own 2048); ``--shape smoke`` is a few-MB model of the same layout, for trying a command.
 """
@@ -19,6 +21,12 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+"""TinyLlama-chat's turn markers (a role line, the text, ``</s>``), so chat prompts tokenize."""
 
 SHAPES = {
     "smoke": dict(n_layers=2, hidden=128, n_heads=4, n_kv_heads=2, ffn=256, vocab=512, context=2048),
@@ -58,6 +66,7 @@ def main() -> None:
     w.add_token_merges(["a b"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    w.add_chat_template(CHAT_TEMPLATE)
     tensors = [("token_embd.weight", (s["vocab"], h)), ("output_norm.weight", (h,)), ("output.weight", (s["vocab"], h))]
     q, kv = s["n_heads"] * hd, s["n_kv_heads"] * hd
     for i in range(s["n_layers"]):

@@ -41,7 +41,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 from ..abi import Sampling, SamplingParams, Status, StatusError
 from ..backends import BackendSpec
 from ..drafting import PromptLookupConfig
-from ..formats.model_dir import DEFAULT_WEIGHTS
+from ..formats.model_dir import AUTO_WEIGHTS, DEFAULT_WEIGHTS
 from ..generate import Generator
 from ..grammar import Grammar, compile_grammar, token_table
 from ..outputs import RequestOutput
@@ -60,7 +60,8 @@ class LLM:
 
     ``model``: None (the default model), a GGUF file, a model directory, or a
     :class:`~sf_trt.entrypoints.model.ModelSpec`; ``weights``: how a GGUF or the
-    default model is exported (``int8``, ``float32``, ``q4``). ``backend``: a backend
+    default model is exported (``int8``, ``float32``, ``q4``, ``gguf``, or ``auto``, the default:
+    ``gguf`` for a GGUF of 1B+ parameters in 4-bit blocks on onnxruntime, else ``int8``). ``backend``: a backend
     name (``onnxruntime``, ``tensorrt``, ...) with ``threads``, ``engines`` and
     ``spin``, or a :class:`~sf_trt.backends.BackendSpec`. ``max_context``: positions per
     lane (default 2048, capped at the model's context); ``max_num_seqs``: lanes, the
@@ -74,7 +75,7 @@ class LLM:
         self,
         model: Union[str, "ModelSpec", None] = None,
         *,
-        weights: str = DEFAULT_WEIGHTS,
+        weights: str = AUTO_WEIGHTS,
         backend: Union[str, BackendSpec] = "onnxruntime",
         threads: Optional[int] = None,
         engines: Optional[str] = "engines",
@@ -90,8 +91,10 @@ class LLM:
             raise StatusError(Status.BAD_ARGUMENT, f"LLM: max_num_seqs must be an int >= 1 (got {max_num_seqs!r})")
         if speculate != "none" and speculate not in DRAFTERS:
             raise StatusError(Status.BAD_ARGUMENT, f"LLM: unknown drafter {speculate!r} (known: none, {', '.join(DRAFTERS)})")
-        self.spec = ModelSpec.of(model, weights=weights)
         self.backend = backend if isinstance(backend, BackendSpec) else BackendSpec(backend, threads, engines, spin)
+        if weights == AUTO_WEIGHTS and self.backend.name != "onnxruntime":
+            weights = DEFAULT_WEIGHTS  # 4-bit blocks run on onnxruntime's CPU path only
+        self.spec = ModelSpec.of(model, weights=weights)
         self.model = resolve(self.spec, progress=progress)
         self.tokenizer = self.model.tokenizer
         self.max_context = self.model.context(max_context)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Optional, Union
 
 from ..abi import Status, StatusError
-from ..formats.model_dir import DEFAULT_WEIGHTS, WEIGHT_DTYPES, ModelDir
+from ..formats.model_dir import AUTO_WEIGHTS, WEIGHT_CHOICES, ModelDir
 from ..tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["ModelSpec", "OpenedModel", "resolve", "DEFAULT_CONTEXT", "CONTEXT_STEP"]
@@ -31,13 +32,15 @@ CONTEXT_STEP = 256
 class ModelSpec:
     """What model to open: ``path`` (a model directory), ``gguf`` (a GGUF file), ``hf`` (a
     Hugging Face checkpoint directory), or none of them (the default model); ``weights``:
-    the weight dtype a GGUF, a checkpoint or the default model is exported with (:data:`~sf_trt.formats.model_dir.WEIGHT_DTYPES`; a model
-    directory has its own). Refusals are StatusError ``BAD_ARGUMENT``."""
+    the weight dtype a GGUF, a checkpoint or the default model is exported with (one of
+    :data:`~sf_trt.formats.model_dir.WEIGHT_DTYPES`, or ``auto``: chosen per source by
+    :func:`sf_trt.export.pipeline.auto_weights`; a model directory has its own). Refusals are
+    StatusError ``BAD_ARGUMENT``."""
 
     path: Optional[Path] = None
     gguf: Optional[Path] = None
     hf: Optional[Path] = None
-    weights: str = DEFAULT_WEIGHTS
+    weights: str = AUTO_WEIGHTS
 
     def __post_init__(self) -> None:
         for name in ("path", "gguf", "hf"):
@@ -49,11 +52,11 @@ class ModelSpec:
         given = [f"{name} {getattr(self, name)}" for name in ("path", "gguf", "hf") if getattr(self, name) is not None]
         if len(given) > 1:
             raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: one of a model directory, a GGUF or a checkpoint, not more (got {' and '.join(given)})")
-        if self.weights not in WEIGHT_DTYPES:
-            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: weights {self.weights!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
+        if self.weights not in WEIGHT_CHOICES:
+            raise StatusError(Status.BAD_ARGUMENT, f"ModelSpec: weights {self.weights!r} unknown (known: {', '.join(WEIGHT_CHOICES)})")
 
     @classmethod
-    def of(cls, model: Union[str, os.PathLike, "ModelSpec", None], *, weights: str = DEFAULT_WEIGHTS) -> "ModelSpec":
+    def of(cls, model: Union[str, os.PathLike, "ModelSpec", None], *, weights: str = AUTO_WEIGHTS) -> "ModelSpec":
         """The spec ``model`` names: a spec as it is, None for the default model, a
         directory holding ``*.safetensors`` for a Hugging Face checkpoint, another
         directory for a model directory, anything else for a GGUF file."""
@@ -109,17 +112,22 @@ def resolve(spec: ModelSpec, *, progress: bool = False) -> OpenedModel:
     fetched or built). Raises ModelError, ModelDirError, GGUFError or TokenizerError
     with a one-line message naming the path and what was expected."""
     from .. import models
-    from ..export.pipeline import default_model_dir, export_model_dir
+    from ..export.pipeline import auto_weights, default_model_dir, export_model_dir
 
     if spec.path is not None:
         model_dir = ModelDir.open(spec.path)
     else:
         source = models.check_source(gguf=spec.gguf, hf=spec.hf)
+        weights = spec.weights
+        if weights == AUTO_WEIGHTS:
+            weights, why = auto_weights(source)
+            if progress and source is not None:
+                print(f"sf_trt: --weights auto: {weights} ({why})", file=sys.stderr, flush=True)
         if source is not None:
             with models.cache_lock():  # processes sharing the cache export it once
-                path = export_model_dir(source, models.export_dir(source, spec.weights), progress=progress, weight_dtype=spec.weights)
+                path = export_model_dir(source, models.export_dir(source, weights), progress=progress, weight_dtype=weights)
         else:
-            path = default_model_dir(progress=progress, weight_dtype=spec.weights)
+            path = default_model_dir(progress=progress, weight_dtype=weights)
         model_dir = ModelDir.open(path, verify=False)  # checked (or written) just now
     try:
         tokenizer = Tokenizer.load(model_dir.path)

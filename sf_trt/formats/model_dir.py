@@ -44,7 +44,7 @@ from .files import STAMPS_NAME, DigestStamps
 
 __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
-    "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS",
+    "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS", "AUTO_WEIGHTS", "WEIGHT_CHOICES",
     "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
     "MAX_CONTEXT_LENGTH", "cache_names", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
     "ModelDirError",
@@ -75,9 +75,15 @@ CACHE_INPUTS = ("pass", "slots")
 """The decoder's two forms, by how the KV caches come in (see ``sf_trt.export.decoder_graph``)."""
 PADDING_POSITION = "max_context"
 """Padding rows sit at position ``max_context``: the cache's trash slot."""
-WEIGHT_DTYPES = ("float32", "int8", "q4")
+WEIGHT_DTYPES = ("float32", "int8", "q4", "gguf")
 DEFAULT_WEIGHTS = "int8"
-"""What the CPU path exports by default: a quarter of the weight bytes per pass, rows still exact."""
+"""What the CPU path exports unless ``auto`` finds a better form: a quarter of the weight bytes per
+pass, rows still exact."""
+AUTO_WEIGHTS = "auto"
+"""The ``--weights`` choice that picks one of :data:`WEIGHT_DTYPES` per source by its size and block
+types (``sf_trt.export.pipeline.auto_weights``); the default of the command line and ``LLM``."""
+WEIGHT_CHOICES = (AUTO_WEIGHTS, *WEIGHT_DTYPES)
+"""What a user may ask for: a weight dtype, or ``auto``."""
 PRECISIONS = ("fp32", "fp16", "bf16")
 """The decoder's compute precision: the type of its weights, matmuls and KV cache
 (``sf_trt.export.decoder_graph``, *Precision*); the verify graph and the copy model are fp32."""

@@ -14,14 +14,25 @@ replica died under it, which Ray ends with no answer or a cut stream, gets a 503
 ``ServiceUnavailableError`` (or, once a stream's headers are out, an SSE ``error``
 event then ``data: [DONE]``) saying so: clients retry it, and a seeded request
 answers the same on any replica.
+
+:class:`UserRoutingKey`, the second middleware, gives a request its conversation's
+routing key: it reads a JSON POST's ``user`` (the body is held, up to
+:data:`ROUTING_BODY_LIMIT` bytes, and handed on unchanged) and sets Ray's session
+header (``x-session-id``, or what ``RAY_SERVE_SESSION_ID_HEADER_KEY`` names) to a hash
+of it, so the deployment's request router (``sf_trt.cli.ray_router``) can send every
+turn of a ``user`` to the replica whose prefix cache holds the conversation.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
-from typing import Any
+import os
+from typing import Any, Optional
 
-__all__ = ["OpenAIErrorBodies", "ray_proxy_middlewares", "PROXY_CALLBACK", "PROXY_CALLBACK_ENV", "ERROR_TYPES"]
+__all__ = ["OpenAIErrorBodies", "UserRoutingKey", "ray_proxy_middlewares", "routing_key", "session_header", "PROXY_CALLBACK",
+           "PROXY_CALLBACK_ENV", "ERROR_TYPES", "ROUTING_BODY_LIMIT"]
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "sf_trt.serve.proxy:ray_proxy_middlewares"
@@ -107,8 +118,65 @@ class OpenAIErrorBodies:
             await send({"type": "http.response.body", "body": b""})
 
 
+SESSION_HEADER_ENV = "RAY_SERVE_SESSION_ID_HEADER_KEY"
+"""Ray's setting of the header its proxy reads a request's session id from (``x-session-id`` unset)."""
+ROUTING_BODY_LIMIT = 1 << 20
+"""The most body bytes :class:`UserRoutingKey` holds to find ``user``; a larger body is routed without a key."""
+
+
+def session_header() -> bytes:
+    """The header Ray's proxy takes the session id from, lower case."""
+    return os.environ.get(SESSION_HEADER_ENV, "x-session-id").lower().encode()
+
+
+def routing_key(user: str) -> str:
+    """The routing key of a ``user``: a hash, so the key says nothing of the name."""
+    return hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _user_of(body: bytes) -> Optional[str]:
+    try:
+        user = json.loads(body).get("user")
+    except (ValueError, AttributeError):  # not JSON, or not an object: the replica answers that
+        return None
+    return user if isinstance(user, str) and user else None
+
+
+class UserRoutingKey:
+    """Pure ASGI middleware: a POST whose JSON body names a ``user`` gets Ray's session header set
+    to :func:`routing_key` of it (a session header the client sent is kept). The body is read
+    here, up to :data:`ROUTING_BODY_LIMIT` bytes, and replayed to the app message by message."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        header = session_header()
+        if scope.get("type") != "http" or scope.get("method") != "POST" or _header(scope.get("headers"), header):
+            await self.app(scope, receive, send)
+            return
+        held: collections.deque = collections.deque()
+        size, more = 0, True
+        while more and size <= ROUTING_BODY_LIMIT:
+            message = await receive()
+            held.append(message)
+            if message["type"] != "http.request":  # the client left: hand that on as it came
+                break
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        user = None if more else _user_of(b"".join(m.get("body", b"") for m in held if m["type"] == "http.request"))
+        if user is not None:
+            scope = {**scope, "headers": [*scope.get("headers", ()), (header, routing_key(user).encode())]}
+
+        async def replay() -> dict:
+            return held.popleft() if held else await receive()
+
+        await self.app(scope, replay, send)
+
+
 def ray_proxy_middlewares() -> list:
-    """Ray Serve's HTTP proxy callback: the middlewares its proxies run (this one)."""
+    """Ray Serve's HTTP proxy callback: the middlewares its proxies run (Ray wraps its app in them in
+    this order, so the routing key is set before anything else sees the request)."""
     from starlette.middleware import Middleware
 
-    return [Middleware(OpenAIErrorBodies)]
+    return [Middleware(OpenAIErrorBodies), Middleware(UserRoutingKey)]

@@ -29,12 +29,13 @@ def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, op
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("optimization", ["disable", "basic", "extended", "all"])
-@pytest.mark.parametrize("export", ["tiny_q4_model_dir", "tiny_mixed_q4_model_dir"], ids=["requantized", "mixed"])
+@pytest.mark.parametrize("export", ["tiny_q4_model_dir", "tiny_mixed_q4_model_dir", "tiny_mixed_gguf_model_dir"], ids=["q4-requantized", "q4-mixed", "gguf"])
 def test_tiny_q4_rows_are_exact_in_any_pass(export, schedules, optimization, threads, request):
     """MatMulNBits, int8 compute, in every form the q4 export makes: 4-bit matrices requantized
     with zero points; Q4_0, Q4_1 and Q4_K blocks carried (Q4_1's and Q4_K's offsets), mixed in one
     matrix with requantized ones; an 8-bit Q8_0 lm_head. Its one-row and many-row kernels give
-    each row the same bits."""
+    each row the same bits. And ``weights="gguf"``'s: 8 bits in blocks of 16 (Q6_K) and of 32 with
+    offsets (Q5_K, Q5_1, Q4_K widened), Q5_0, Q8_0."""
     rng = np.random.default_rng(17)
     sched = schedules({0: rng.integers(0, 256, 26), 1: rng.integers(0, 256, 19), 2: rng.integers(0, 256, 23)})
     model = request.getfixturevalue(export)

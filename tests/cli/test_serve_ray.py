@@ -1,7 +1,8 @@
 """`sf-trt serve --ray` (cli/serve_ray.py, cli/ray_app.py): replicas of the server behind Ray
 Serve's proxy answer what the single-process server answers; Ray's queue limit is a 429
 with Retry-After in OpenAI's envelope; a client that goes away frees its lane in the
-replica; autoscaling goes 1 -> 2 -> 1; /metrics covers the whole deployment.
+replica; autoscaling goes 1 -> 2 -> 1; /metrics covers the whole deployment; every turn of a
+`user` reaches the replica that holds its conversation's prefix.
 
 One local Ray cluster (4 logical CPUs) serves the module; each test deploys the
 application from `sf-trt serve --ray` flags and deletes it. Loopback only, bounded."""
@@ -115,6 +116,57 @@ def test_two_replicas_answer_200_requests_as_the_single_process_server_does(ray_
         tokens = sum(g["usage"]["completion_tokens"] for g in got)
         wait_until(lambda: sum(by_replica(ray_url, "sf_trt:generation_tokens_total").values()) == tokens, 15,
                    f"sf_trt:generation_tokens_total over the deployment == {tokens}")
+
+
+def test_every_turn_of_a_user_after_the_first_starts_from_its_replicas_prefix_cache(ray_url):
+    """8 users x 3 turns over 2 replicas: Ray's proxy keys each request by the hash of its `user`
+    (sf_trt.serve.proxy.UserRoutingKey) and the router sends every turn of a user to the replica
+    rendezvous hashing picks for it (sf_trt.cli.ray_router), so turns 2 and 3 find the conversation
+    in that replica's prefix cache."""
+    from sf_trt.cli.ray_router import rendezvous_order
+    from sf_trt.serve.proxy import routing_key
+
+    args = ray_args("--replicas", "2")
+    users = [f"user-{i}" for i in range(8)]
+
+    async def conversation(client: httpx.AsyncClient, user: str) -> list[int]:
+        prompt, cached = f"{user} asks: the cat sat on the mat and the dog sat on the log. ", []
+        for turn in range(3):
+            body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "user": user, "stream": turn == 1, "sf_trt": {"return_token_ids": True}}
+            got = await answer(client, body)
+            assert got["status"] == 200 and "error" not in got, got
+            cached.append(got["usage"]["prompt_tokens_details"]["cached_tokens"])
+            prompt += got["text"] + f" then turn {turn + 2} says more about the cat and the dog. "
+        return cached
+
+    async def all_users() -> list[list[int]]:
+        async with httpx.AsyncClient(base_url=ray_url, timeout=60) as client:
+            return await asyncio.gather(*(asyncio.wait_for(conversation(client, u), 60) for u in users))
+
+    with deployed(args):
+        wait_until(lambda: len(by_replica(ray_url, "sf_trt:num_requests_running")) == 2, 30, "both replicas in /metrics")
+        cached = asyncio.run(all_users())
+        assert all(c[0] == 0 and c[1] > 0 and c[2] > c[1] for c in cached), cached
+        replicas = sorted(by_replica(ray_url, "sf_trt:num_requests_running"))
+        want: dict[str, float] = {}
+        for user in users:
+            home = rendezvous_order(routing_key(user), replicas)[0]
+            want[home] = want.get(home, 0) + 3
+        served: dict[str, float] = {}
+        wait_until(lambda: (served.update(by_replica(ray_url, "sf_trt:request_success_total")) or served) == want, 15,
+                   f"requests per replica as rendezvous hashing places the users ({want})")
+
+
+def test_rendezvous_order_moves_only_the_keys_of_a_replica_that_goes():
+    from sf_trt.cli.ray_router import rendezvous_order
+
+    keys = [f"k{i}" for i in range(200)]
+    three = {k: rendezvous_order(k, ["a", "b", "c"]) for k in keys}
+    assert all(rendezvous_order(k, ["c", "a", "b"]) == three[k] for k in keys)  # the order given does not matter
+    homes = [three[k][0] for k in keys]
+    assert min(homes.count(r) for r in "abc") > 40  # spread over all three
+    for k in keys:  # "b" goes: its keys move to their second choice, the others stay
+        assert rendezvous_order(k, ["a", "c"])[0] == (three[k][1] if three[k][0] == "b" else three[k][0])
 
 
 def test_above_rays_queue_limit_429_with_retry_after_in_openais_envelope_and_nothing_lost_below(ray_url):

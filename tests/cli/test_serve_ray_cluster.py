@@ -41,7 +41,9 @@ def test_two_nodes_one_dies_under_load_survivors_answer_the_rest_fail_clearly_an
     url = f"http://127.0.0.1:{port}"
     # one CPU per node and one replica per node: one replica on each machine
     args = ray_args("--replicas", "2", "--replica-cpus", "1", "--max-replicas-per-node", "1", "--fake-pass-ms", "10")
-    reqs = [{**b, "max_tokens": 120, "sf_trt": {**b["sf_trt"], "ignore_eos": True}} for b in bodies(24, seed0=7000)]
+    # each its own user: the router places them by rendezvous hashing, and the dead replica's users move to the survivor
+    reqs = [{**b, "max_tokens": 120, "user": f"user-{i}", "sf_trt": {**b["sf_trt"], "ignore_eos": True}}
+            for i, b in enumerate(bodies(24, seed0=7000))]
     with single_process(args) as plain:
         want = asyncio.run(answer_all(plain, reqs, concurrency=8))
     t0 = time.monotonic()

@@ -128,6 +128,27 @@ def test_q4_graph_of_mixed_blocks_computes_their_values(tiny_mixed_q4, tiny_mixe
     assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
 
 
+def test_gguf_graph_of_mixed_blocks_computes_their_own_values(tiny_mixed_gguf, tiny_mixed_gguf_model_dir):
+    """``weights="gguf"``: every GGUF block type in its own values (Q5_*, Q6_K, Q8_0 in 8 bits, Q6_K's
+    blocks of 16), the float matrix in Q8_0; the model computes within about 1% of them."""
+    from sf_trt.export.quantize import q4_weights
+
+    cfg, weights = tiny_mixed_gguf
+    held = q4_weights(weights, "gguf")
+    for i, kinds in {0: ("wq", "wv", "wo", "w_gate", "w_up", "w_down"), 1: ("wq", "w_gate", "w_down")}.items():
+        for f in kinds:
+            want = getattr(weights.layers[i], f)
+            np.testing.assert_allclose(getattr(held.layers[i], f), want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+    blocks = {n.input[1]: {a.name: a.i for a in n.attribute}["block_size"]
+              for n in onnx.load(str(tiny_mixed_gguf_model_dir / "decoder.onnx")).graph.node if n.op_type == "MatMulNBits"}
+    assert blocks["l0.w_qkv.q8"] == 16 and blocks["l0.w_down.q8"] == 16 and blocks["l1.w_qkv.q4"] == 32
+    with OrtDecoderPrimitives(tiny_mixed_gguf_model_dir, max_lanes=1, max_context=64) as p:
+        got = p.forward(rows(0, 0, SEQ[:24]))
+    want = reference_forward(cfg, held, SEQ[:24])
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+    assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
+
+
 def test_q4_graph_holds_the_given_blocks_byte_for_byte(tiny):
     """Blocks a GGUF stores (LlamaWeights.blocks) go into the graph as they are: the
     4-bit values and scales of MatMulNBits, the offsets, the Q8_0 embedding table."""

@@ -134,18 +134,19 @@ def test_processes_sharing_the_cache_export_the_default_model_once(tmp_path):
     assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [os.path.basename(path)]  # nothing beside it
 
 
-def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path):
+@pytest.mark.parametrize("weights", ["q4", "gguf"])
+def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path, weights):
     """Once a ValueError traceback: an ffn of 100 cannot be held in 4-bit blocks of 32. The one line
     names the matrix, its shape and the block."""
     from cli_run import sf_trt
     from tiny_gguf import write_tiny_gguf
 
     write_tiny_gguf(tmp_path / "odd.gguf", shape={"ffn": 100})
-    proc = sf_trt("export", "--gguf", str(tmp_path / "odd.gguf"), "--out", str(tmp_path / "m"), "--weights", "q4",
+    proc = sf_trt("export", "--gguf", str(tmp_path / "odd.gguf"), "--out", str(tmp_path / "m"), "--weights", weights,
                   env={"SF_TRT_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "sf-trt: --weights q4: the input dim (the last) of blk.*.ffn_down.weight [64, 100] is not a multiple of the 4-bit block 32 (use --weights int8 or float32)"
+        f"sf-trt: --weights {weights}: the input dim (the last) of blk.*.ffn_down.weight [64, 100] is not a multiple of the block 32 (use --weights int8 or float32)"
     )
     assert not (tmp_path / "m").exists()
 
@@ -164,7 +165,7 @@ def test_q4_export_of_a_gguf_with_mixed_block_types_carries_its_4_bit_blocks(tmp
     write_tiny_gguf(tmp_path / "mixed.gguf", types=types)
     cfg, weights = load_gguf(tmp_path / "mixed.gguf")
     assert {k.split(".")[-1]: v[0] for k, v in weights.blocks.items() if k.startswith("layers.0.")} == {
-        "wq": "Q4_0", "wk": "Q4_1", "w_gate": "Q4_0", "w_down": "Q8_0"}
+        "wq": "Q4_0", "wk": "Q4_1", "wv": "Q5_0", "w_gate": "Q4_0", "w_down": "Q8_0"}
     held = q4_weights(weights)
     for f in ("wq", "wk", "w_gate"):  # carried: the file's values
         np.testing.assert_allclose(getattr(held.layers[1], f), getattr(weights.layers[1], f), rtol=0, atol=1e-6)
@@ -177,3 +178,56 @@ def test_q4_export_of_a_gguf_with_mixed_block_types_carries_its_4_bit_blocks(tmp
         got = p.forward(rows(0, 0, SEQ[:24]))
     want = reference_forward(cfg, held, SEQ[:24])
     np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+
+
+def test_gguf_weights_hold_every_matrix_in_its_own_blocks(tmp_path):
+    """``--weights gguf``: each layer matrix in its own GGUF blocks, 4-bit where the fused matrix is all
+    Q4_*, else 8-bit, no value changed (q and k Q4_0 and Q4_1 with v Q5_0: one 8-bit matrix); an F32
+    matrix in Q8_0. The export computes those values, its rows as exact in any pass as q4's."""
+    from cli_run import sf_trt
+    from onnx import load as load_onnx
+    from rows import SEQ
+
+    from sf_trt.export.gguf_llama import load_gguf
+    from sf_trt.export.quantize import q4_weights
+
+    types = {"attn_q.weight": "Q4_0", "attn_k.weight": "Q4_1", "attn_v.weight": "Q5_0", "ffn_gate.weight": "Q4_0",
+             "ffn_up.weight": "Q5_1", "ffn_down.weight": "Q8_0", "attn_output.weight": "Q4_1"}
+    write_tiny_gguf(tmp_path / "mixed.gguf", types=types)
+    cfg, weights = load_gguf(tmp_path / "mixed.gguf")
+    held = q4_weights(weights, "gguf")
+    for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):  # every one the file's values
+        np.testing.assert_allclose(getattr(held.layers[1], f), getattr(weights.layers[1], f), rtol=0, atol=1e-6)
+    proc = sf_trt("export", "--gguf", str(tmp_path / "mixed.gguf"), "--out", str(tmp_path / "m"), "--weights", "gguf",
+                  env={"SF_TRT_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    bits = {n.input[1]: {a.name: a.i for a in n.attribute}["bits"] for n in load_onnx(str(tmp_path / "m" / "decoder.onnx")).graph.node
+            if n.op_type == "MatMulNBits"}
+    assert {k: v for k, v in bits.items() if k.startswith("l0.")} == {"l0.w_qkv.q8": 8, "l0.w_o.q4": 4, "l0.w_gate_up.q8": 8, "l0.w_down.q8": 8}
+    with OrtDecoderPrimitives(tmp_path / "m", max_lanes=1, max_context=64) as p:
+        got = p.forward(rows(0, 0, SEQ[:24]))
+    want = reference_forward(cfg, held, SEQ[:24])
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+
+
+def test_auto_weights_keep_4bit_gguf_blocks_from_1b_parameters_up(tmp_path, monkeypatch):
+    """``--weights auto`` (the default): int8 for the default model, a checkpoint, a GGUF under
+    1B parameters or one without 4-bit blocks, and under another precision; ``gguf`` for a GGUF of
+    1B+ parameters in 4-bit blocks (here the threshold lowered to the tiny model's size)."""
+    from sf_trt.export import pipeline
+
+    layer = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+    write_tiny_gguf(tmp_path / "q4.gguf", types={name: "Q4_0" for name in layer})
+    write_tiny_gguf(tmp_path / "f32.gguf")
+    assert pipeline.auto_weights(None) == ("int8", "the default model")
+    assert pipeline.auto_weights(tmp_path)[0] == "int8"  # a directory: a checkpoint's float weights
+    weights, why = pipeline.auto_weights(tmp_path / "q4.gguf")
+    assert weights == "int8" and "under 1B" in why
+    monkeypatch.setattr(pipeline, "AUTO_NBITS_PARAMETERS", 1)
+    weights, why = pipeline.auto_weights(tmp_path / "q4.gguf")
+    assert weights == "gguf" and "Q4_0" in why
+    assert pipeline.auto_weights(tmp_path / "q4.gguf", "fp16")[0] == "int8"
+    weights, why = pipeline.auto_weights(tmp_path / "f32.gguf")
+    assert weights == "int8" and "not 4-bit GGUF blocks" in why
+    weights, why = pipeline.auto_weights(tmp_path / "missing.gguf")
+    assert weights == "int8" and "did not read" in why

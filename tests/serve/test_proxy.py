@@ -1,6 +1,7 @@
 """The middleware Ray's proxy runs (sf_trt/serve/proxy.py), on the ASGI messages Ray's proxy sends:
 its plain-text errors become OpenAI's envelope (status and Retry-After kept), the replicas' own
-answers pass untouched, and a request whose replica died gets a 503 or an SSE error event.
+answers pass untouched, and a request whose replica died gets a 503 or an SSE error event; a
+request naming a `user` gets the hash of it as Ray's session id.
 (Through a real Ray proxy: tests/cli/test_serve_ray*.py.)"""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from sf_trt.serve.proxy import LOST, OpenAIErrorBodies
+from sf_trt.serve.proxy import LOST, ROUTING_BODY_LIMIT, OpenAIErrorBodies, UserRoutingKey, routing_key
 
 
 def run(messages: list[dict], *, raise_after: bool = False) -> list[dict]:
@@ -59,3 +60,51 @@ def test_a_replica_lost_before_answering_is_a_503_and_mid_stream_an_sse_error_ev
     tail = sent[-1]["body"].decode()
     assert tail.startswith("event: error\ndata: ") and tail.endswith("data: [DONE]\n\n") and not sent[-1].get("more_body")
     assert json.loads(tail.split("data: ", 1)[1].split("\n\n", 1)[0])["error"]["type"] == "ServiceUnavailableError"
+
+
+# -- the routing key ----------------------------------------------------------------------------------
+
+
+def route(chunks: list[bytes], headers: list | None = None, method: str = "POST") -> tuple[list, list[dict]]:
+    """What the app behind UserRoutingKey sees: the scope's headers and the body messages it receives."""
+    seen: dict = {}
+
+    async def app(scope, receive, send):
+        seen["headers"] = scope["headers"]
+        got = []
+        while True:
+            m = await receive()
+            got.append(m)
+            if not m.get("more_body"):
+                break
+        seen["messages"] = got
+
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+    async def receive():
+        return messages.pop(0)
+
+    asyncio.run(UserRoutingKey(app)({"type": "http", "method": method, "headers": list(headers or [])}, receive, None))
+    return seen["headers"], seen["messages"]
+
+
+def test_a_users_request_gets_the_hash_of_its_user_as_rays_session_id_and_its_body_unchanged():
+    body = json.dumps({"prompt": "hi", "user": "alice"}).encode()
+    headers, messages = route([body[:9], body[9:]], [(b"content-type", b"application/json")])
+    assert (b"x-session-id", routing_key("alice").encode()) in headers and "alice" not in routing_key("alice")
+    assert [m["body"] for m in messages] == [body[:9], body[9:]] and routing_key("alice") != routing_key("bob")
+
+
+def test_no_user_a_client_session_id_a_get_or_a_body_past_the_limit_add_no_key():
+    assert route([b'{"prompt": "hi"}'])[0] == []
+    assert route([b"not json"])[0] == []
+    assert route([b'{"user": "alice"}'], [(b"x-session-id", b"mine")])[0] == [(b"x-session-id", b"mine")]
+    assert route([b'{"user": "alice"}'], method="GET")[0] == []
+    big = [b'{"user": "alice", "prompt": "', b"x" * ROUTING_BODY_LIMIT, b'"}']
+    headers, messages = route(big)
+    assert headers == [] and b"".join(m["body"] for m in messages) == b"".join(big)
+
+
+def test_the_session_header_follows_rays_setting(monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_SESSION_ID_HEADER_KEY", "X-Correlation-Id")
+    assert (b"x-correlation-id", routing_key("alice").encode()) in route([b'{"user": "alice"}'])[0]

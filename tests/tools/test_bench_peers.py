@@ -90,7 +90,7 @@ def test_each_engines_decode_is_a_fraction_of_bandwidth_over_its_bytes_per_token
     bench_peers = load_tool("bench_peers")
     results = [{"peers": {"genai": {"plain": {"tokens": 11, "tokens_per_s": 11 / 2.0, "first_token_s": 1.0}},
                           "hf": {"plain": {"tokens": 10, "tokens_per_s": 5.0, "first_token_s": None}}}}]
-    sf_doc = {"results": [{"plain": {"tokens": 21, "tokens_per_s": 21 / 3.0, "first_token_s": 1.0}}]}
+    sf_doc = {"results": [{"plain": {"tokens": 21, "tokens_per_s": 21 / 3.0, "first_token_s": 1.0}}], "decode_tokens_per_s": {"plain": 10.0}}
     weights = {"genai": {"bytes_per_token": 100}, "hf": {"bytes_per_token": None}, "sf_trt": {"bytes_per_token": 200}}
     got = bench_peers.limit_report(results, sf_doc, weights, {"bytes_per_s": 1000.0})
     assert got["genai"] == {"tokens_per_s": 10.0, "rate": "decode only", "bytes_per_token": 100, "limit_tokens_per_s": 10.0,
@@ -113,3 +113,26 @@ def test_genai_is_left_out_with_a_note_without_its_package_or_model(load_tool, t
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "onnxruntime_genai" else real(name, *a))
     with pytest.raises(bench_peers.Missing, match=r"genai: no --genai-model DIR"):
         bench_peers._open_peers(["genai"], tmp_path / "x.gguf", args)
+
+
+def test_a_first_token_time_past_a_rounded_runs_end_falls_back_to_the_end_to_end_rate(load_tool):
+    """sf-trt bench rounds tokens/s: over a few tokens the first token's time can exceed tokens over that
+    rate, which made the decode-only rate negative; the rate is then end to end, and says so."""
+    bench_peers = load_tool("bench_peers")
+    rate, how = bench_peers._overall_rate([{"tokens": 8, "tokens_per_s": 4.0, "first_token_s": 2.01}])
+    assert rate == 4.0 and how.startswith("end to end")
+
+
+def test_sf_trts_decode_rate_is_its_benchs_own_never_from_its_tick_late_first_token(load_tool):
+    """sf-trt bench's first_token_s is the end of the first tick (16 tokens by default): (tokens - 1) over
+    the time after it would overstate the rate, so without bench's own decode rate the rate is end to end."""
+    bench_peers = load_tool("bench_peers")
+    run = {"plain": {"tokens": 16, "tokens_per_s": 8.0, "first_token_s": 1.9}, "spec": {"tokens": 16, "tokens_per_s": 9.0}}
+    assert bench_peers.sf_trt_decode_rate({"results": [run], "decode_tokens_per_s": {"plain": 12.5}})[0] == 12.5
+    rate, how = bench_peers.sf_trt_decode_rate({"results": [run], "decode_tokens_per_s": {"plain": 15e9}})
+    assert rate == 8.0 and how.startswith("end to end")
+    # two runs together: tokens after the first over each run's decode time
+    docs = [{"results": [run], "decode_tokens_per_s": {"plain": 15.0, "spec": 30.0}},
+            {"results": [run, run], "decode_tokens_per_s": {"plain": 10.0, "spec": 15e9}}]
+    got = bench_peers.combined_decode_rates(docs)
+    assert got["plain"] == round(45 / (15 / 15.0 + 30 / 10.0), 2) and got["spec"] is None

@@ -70,8 +70,9 @@ class TensorRTPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
     call takes) is the caller's, by default the model engine's rows per run: a pass
     with more rows, or a lane with more rows than a run holds, runs as several runs.
 
-    No prefix cache yet (``state_bytes_per_token`` is 0, so ``save_block`` and
-    ``load_prefix`` are refused with ``UNSUPPORTED`` and the executor keeps no cache):
+    No prefix cache yet, so no block pool (``state_bytes_per_token`` is 0, so
+    ``open_block_pool``, ``save_block`` and ``load_prefix`` are refused with
+    ``UNSUPPORTED`` and the executor keeps no cache):
     the state lives in device buffers, and whether copying blocks of it in and out
     pays against recomputing them on a GPU is not measured.
     """
