@@ -9,6 +9,12 @@ lanes at about 512, and prefills of 256, 1k and 4k tokens in chunks of 512 rows,
 prefills (one lane, one request after another in the same backend). Every side's logits are hashed: the table says whether both sides computed the
 same bits. Rounds alternate the sides' order; read the ratios, and the CPU seconds where the
 machine is loaded (the load average is printed with each run).
+
+``--passes`` compares the two decoder graphs alone, in one process, pass by pass alternating
+(so a change of load hits both alike): the other checkout's ``decoder_pass.onnx`` (from
+``--before-cache``) over caches bound at the whole window, as its backend binds them, and this
+checkout's over caches bound at the key extent, the same cache contents in both: per case the
+best and median pass, their ratio, and whether the logits' bits are equal.
 """
 
 from __future__ import annotations
@@ -40,12 +46,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=1, help="rounds; each runs both sides, alternating which goes first")
     ap.add_argument("--json", help="write every run's figures here")
+    ap.add_argument("--passes", type=int, default=0, metavar="N",
+                    help="compare the two decoder graphs pass by pass, N passes of each per case (no end-to-end runs)")
+    ap.add_argument("--cases", default="", help="--passes: only the cases whose name contains one of these (comma-separated)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(_worker(args.root, args.weights, args.window, args.threads)))
         return 0
+    if args.passes:
+        return _compare_graphs(args)
     sides = {"after": (None, os.environ.get("SF_TRT_CACHE"))}
     if args.before:
         sides["before"] = (str(Path(args.before).resolve()), args.before_cache)
@@ -173,6 +184,80 @@ def _worker(root: str | None, weights: str, window: int, threads: int | None) ->
         out["peak_rss_mib"] = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
     out["hash"] = digest.hexdigest()[:16]
     return out
+
+
+PASS_CASES = {
+    "1 lane, 1 row at 1040": (1, 1, 1040),
+    "8 lanes, 1 row at 540": (8, 1, 540),
+    "8 lanes, 9 rows at 540": (8, 9, 540),
+    "1 lane, 512 rows at 512 (a 1k prefill's 2nd chunk)": (1, 512, 512),
+    "1 lane, 512 rows at 3584 (a 4k prefill's last chunk)": (1, 512, 3584),
+}
+"""Lanes, rows per lane, and the first row's position."""
+
+
+def _compare_graphs(args) -> int:
+    import numpy as np
+    import onnxruntime as ort
+
+    from sf_trt.backends.ort_decoder import KEY_BLOCK
+    from sf_trt.backends.ort_session import open_session
+    from sf_trt.export.pipeline import default_model_dir
+    from sf_trt.formats.model_dir import ModelDir, PASS_GRAPH_FILE, cache_names
+    from sf_trt.models import DEFAULT_MODEL, export_dir
+
+    after_dir = default_model_dir(progress=False, weight_dtype=args.weights)
+    before_dir = export_dir(DEFAULT_MODEL.gguf_name, args.weights, Path(args.before_cache))
+    if not (before_dir / PASS_GRAPH_FILE).is_file():
+        raise SystemExit(f"bench_attention: no {PASS_GRAPH_FILE} in {before_dir}: run once without --passes to export it")
+    cfg = ModelDir.open(after_dir).config
+    config = {"session.intra_op.allow_spinning": "0"}
+    if args.weights == "int8":
+        config["session.qdq_matmulnbits_accuracy_level"] = "4"  # as the backend opens an int8 decoder
+    sessions = {side: open_session(d / PASS_GRAPH_FILE, threads=args.threads, config=config) for side, d in
+                (("before", before_dir), ("after", after_dir))}
+    rng = np.random.default_rng(0)
+    window = args.window + 1
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.passes} passes of each graph per case, alternating")
+    print("| pass | before: best / median ms | after: best / median ms | best ratio | median ratio | bits equal |")
+    print("|---|---:|---:|---:|---:|---|")
+    failed = 0
+    wanted = [c for c in args.cases.split(",") if c]
+    for name, (lanes, t, first) in PASS_CASES.items():
+        if wanted and not any(c in name for c in wanted):
+            continue
+        extent = min(window, -(-(first + t) // KEY_BLOCK) * KEY_BLOCK)
+        shape = (lanes, cfg.n_kv_heads, window, cfg.head_dim)
+        whole = [np.zeros(shape, np.float32) for _ in range(2 * cfg.n_layers)]
+        for arr in whole:
+            arr[:, :, :first] = rng.standard_normal((lanes, cfg.n_kv_heads, first, cfg.head_dim), np.float32)
+        caches = {"before": whole, "after": [np.ascontiguousarray(arr[:, :, :extent]) for arr in whole]}
+        feeds = {"input_ids": rng.integers(100, 10000, (lanes, t)), "positions": np.broadcast_to(first + np.arange(t), (lanes, t)).copy(),
+                 "logit_index": np.arange(lanes * t, dtype=np.int64)}
+        bindings, times, logits = {}, {"before": [], "after": []}, {}
+        for side, sess in sessions.items():
+            b = sess.io_binding()
+            for key, value in feeds.items():
+                b.bind_cpu_input(key, value)
+            names = [n for i in range(cfg.n_layers) for n in cache_names(i)]
+            for n, arr in zip(names, caches[side]):
+                b.bind_ortvalue_input(n, ort.OrtValue.ortvalue_from_numpy(arr))
+            b.bind_output("logits")
+            bindings[side] = b
+        for _ in range(args.passes):
+            for side, sess in sessions.items():
+                start = time.perf_counter()
+                sess.run_with_iobinding(bindings[side])
+                times[side].append(time.perf_counter() - start)
+                logits[side] = bindings[side].get_outputs()[0].numpy()
+        same = np.array_equal(logits["before"].view(np.uint32), logits["after"].view(np.uint32))
+        failed += not same
+        best = {side: 1000 * min(v) for side, v in times.items()}
+        median = {side: 1000 * float(np.median(v)) for side, v in times.items()}
+        print(f"| {name} | {best['before']:.1f} / {median['before']:.1f} | {best['after']:.1f} / {median['after']:.1f} | "
+              f"{best['before'] / best['after']:.2f}x | {median['before'] / median['after']:.2f}x | {'yes' if same else 'NO'} |", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    return 1 if failed else 0
 
 
 def _op_shares(p, rows, threads: int | None, passes: int = 5) -> dict[str, float]:

@@ -472,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--peers-dir", type=Path, default=Path("peers"),
                      help="the peers' models: genai-135m/int4, 1b/tinyllama-1.1b.Q4_K_M.gguf, 1b/sf-int8, 1b/genai-int4 (default ./peers)")
     run.add_argument("--gguf-135m", type=Path, help="SmolLM2-135M's GGUF (default: tools/bench_peers.py's, under $SF_TRT_CACHE)")
-    run.add_argument("--sf-1b-weights", default="int8", choices=("int8", "q4", "float32"), help="which 1.1B export (1b/sf-WEIGHTS) sf_trt runs (default int8)")
+    run.add_argument("--sf-1b-weights", default="int8", choices=("int8", "q4", "gguf", "float32"),
+                     help="which 1.1B export (1b/sf-WEIGHTS) sf_trt runs (default int8; gguf is what --weights auto picks for the Q4_K_M file)")
     run.add_argument("--sf-trt-cmd", required=True,
                      help="the sf-trt command line of the install being measured (its own venv's, not this interpreter's: "
                      "the peers' venv holds sf_trt only for its tokenizer)")

@@ -303,9 +303,9 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         """Make the host arrays hold ``need`` positions per lane (a multiple of :data:`KEY_BLOCK`,
         or the whole window): grown to it when they hold fewer, shrunk to it when they hold two
         blocks more (a rollback and the next pass do not resize back and forth). The written
-        positions move, one layer at a time (the arrays are resized at most a few times per
-        KEY_BLOCK positions a lane writes, and hold at most one layer twice); the views made of
-        the old arrays are dropped."""
+        positions move, one layer at a time (growing, the arrays are resized at most once per
+        KEY_BLOCK positions the longest lane writes, and hold at most one layer twice); the views
+        made of the old arrays are dropped first."""
         if self.cache_inputs == "slots" or self._extent - 2 * KEY_BLOCK < need <= self._extent:
             return
         keep = np.minimum(self._written[self._slot_at], need)  # per row: its written positions that stay
