@@ -37,8 +37,6 @@ def test_two_nodes_one_dies_under_load_survivors_answer_the_rest_fail_clearly_an
 
     before = os.environ.get(PROXY_CALLBACK_ENV)
     os.environ[PROXY_CALLBACK_ENV] = PROXY_CALLBACK
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     # one CPU per node and one replica per node: one replica on each machine
     args = ray_args("--replicas", "2", "--replica-cpus", "1", "--max-replicas-per-node", "1", "--fake-pass-ms", "10")
     # each its own user: the router places them by rendezvous hashing, and the dead replica's users move to the survivor
@@ -51,6 +49,10 @@ def test_two_nodes_one_dies_under_load_survivors_answer_the_rest_fail_clearly_an
     try:
         worker = cluster.add_node(num_cpus=1)
         ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+        # the port picked once the cluster's processes hold theirs (one picked before them was
+        # once taken by a Ray worker before the proxy bound it)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
         with deployed(args):
             assert replica_states() == {"RUNNING": 2}
