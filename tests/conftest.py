@@ -108,27 +108,26 @@ def tiny_model_dir(tiny, tmp_path_factory):
     return write_model_dir(tmp_path_factory.mktemp("tiny") / "model", cfg, build_decoder_graph(cfg, weights))
 
 
-@pytest.fixture(scope="session")
-def tiny_int8_model_dir(tiny, tmp_path_factory):
-    """The tiny model with int8 weights."""
+def _export_tiny(tmp_path_factory, name: str, cfg, weights, weight_dtype: str):
+    """A model directory (no tokenizer) of ``(cfg, weights)`` exported with ``weight_dtype``."""
     from sf_trt.export.decoder_graph import build_decoder_graph
     from sf_trt.export.pipeline import write_model_dir
 
-    cfg, weights = tiny
-    graph = build_decoder_graph(cfg, weights, weight_dtype="int8")
-    return write_model_dir(tmp_path_factory.mktemp("tiny8") / "model", cfg, graph, weight_dtype="int8")
+    graph = build_decoder_graph(cfg, weights, weight_dtype=weight_dtype)
+    return write_model_dir(tmp_path_factory.mktemp(name) / "model", cfg, graph, weight_dtype=weight_dtype)
+
+
+@pytest.fixture(scope="session")
+def tiny_int8_model_dir(tiny, tmp_path_factory):
+    """The tiny model with int8 weights."""
+    return _export_tiny(tmp_path_factory, "tiny8", *tiny, weight_dtype="int8")
 
 
 @pytest.fixture(scope="session")
 def tiny_q4_model_dir(tiny, tmp_path_factory):
     """The tiny model with q4 weights (float matrices requantized to 4 bits with zero points, a Q8_0
     embedding and lm_head, in MatMulNBits)."""
-    from sf_trt.export.decoder_graph import build_decoder_graph
-    from sf_trt.export.pipeline import write_model_dir
-
-    cfg, weights = tiny
-    graph = build_decoder_graph(cfg, weights, weight_dtype="q4")
-    return write_model_dir(tmp_path_factory.mktemp("tinyq4") / "model", cfg, graph, weight_dtype="q4")
+    return _export_tiny(tmp_path_factory, "tinyq4", *tiny, weight_dtype="q4")
 
 
 def k_quant_raw(rng, kind: str, out: int, k: int):
@@ -210,23 +209,13 @@ def tiny_mixed_gguf():
 @pytest.fixture(scope="session")
 def tiny_mixed_gguf_model_dir(tiny_mixed_gguf, tmp_path_factory):
     """:func:`tiny_mixed_gguf` exported with gguf weights."""
-    from sf_trt.export.decoder_graph import build_decoder_graph
-    from sf_trt.export.pipeline import write_model_dir
-
-    cfg, weights = tiny_mixed_gguf
-    graph = build_decoder_graph(cfg, weights, weight_dtype="gguf")
-    return write_model_dir(tmp_path_factory.mktemp("tinymixedgguf") / "model", cfg, graph, weight_dtype="gguf")
+    return _export_tiny(tmp_path_factory, "tinymixedgguf", *tiny_mixed_gguf, weight_dtype="gguf")
 
 
 @pytest.fixture(scope="session")
 def tiny_mixed_q4_model_dir(tiny_mixed_q4, tmp_path_factory):
     """:func:`tiny_mixed_q4` exported with q4 weights."""
-    from sf_trt.export.decoder_graph import build_decoder_graph
-    from sf_trt.export.pipeline import write_model_dir
-
-    cfg, weights = tiny_mixed_q4
-    graph = build_decoder_graph(cfg, weights, weight_dtype="q4")
-    return write_model_dir(tmp_path_factory.mktemp("tinymixedq4") / "model", cfg, graph, weight_dtype="q4")
+    return _export_tiny(tmp_path_factory, "tinymixedq4", *tiny_mixed_q4, weight_dtype="q4")
 
 
 @pytest.fixture(scope="session")
