@@ -205,8 +205,8 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         self.precision = model.precision
         self.cache_inputs = cache_inputs
         self.spinning = bool(spinning)
-        self.graph = graph = model.graph_file(cache_inputs, threads)
-        """The decoder graph this backend runs (the pass form's two files: which rows stay exact at its thread count)."""
+        self.graph = graph = model.graph_file(cache_inputs)
+        """The decoder graph this backend runs."""
         config = self._session_config(optimization)
         try:
             self._session = open_session(graph, threads=threads, optimization=optimization, providers=self.providers, config=config)

@@ -113,28 +113,17 @@ def wide_head_model_dir(request, tmp_path_factory):
 def test_rows_are_exact_at_any_thread_count_past_the_first_key_chunk(wide_head_model_dir, schedules, threads):
     """Heads of 64 and 256 dims, keys past 256 (where MLAS's first key chunk ends): a lane
     decoded one row a pass, prefilled in chunks, or packed beside other lanes, gives every row
-    the same bits at 1, 2, 4 and 8 threads, in whichever pass graph the backend picks for that
-    many threads. (Until model-directory format 14 a 1-row pass at more threads than
-    ``lanes * n_kv_heads`` summed its keys in other chunks than a prefill pass did.)"""
+    the same bits at 1, 2, 4 and 8 threads (64: ONNX ``Attention``; 256: the matmuls summed in
+    parts). Until model-directory format 15 a 1-row pass at more threads than
+    ``lanes * n_kv_heads`` summed its keys in other chunks than a prefill pass did, and a
+    256-dim head's ``QK^T`` changed its chunks with the key extent."""
     rng = np.random.default_rng(21)
     sched = schedules({0: rng.integers(0, 256, 300), 1: rng.integers(0, 256, 40), 2: rng.integers(0, 256, 290)})
     with OrtDecoderPrimitives(wide_head_model_dir, max_lanes=3, max_context=320, threads=threads) as prims:
         assert_schedules_exact(prims, sched, {
             "chunks of 64": sched.chunked(64), "chunks of 290": sched.chunked(290),
             "lanes mixed 1/9/3": sched.mixed([1, 9, 3], lambda k: [0, 1, 2] if k % 2 else [2, 1, 0]),
-        }, label=f"{threads} threads, {prims.graph.name}, ")
-
-
-def test_the_backend_picks_the_blocks_graph_above_n_kv_heads_threads(wide_head_model_dir):
-    from sf_trt.formats.model_dir import PASS_BLOCKS_GRAPH_FILE, PASS_GRAPH_FILE, ModelDir
-
-    model = ModelDir.open(wide_head_model_dir)
-    nkv = model.config.n_kv_heads
-    assert model.graph_file("pass", nkv).name == PASS_GRAPH_FILE
-    assert model.graph_file("pass", nkv + 1).name == PASS_BLOCKS_GRAPH_FILE
-    assert model.graph_file("slots", 64).name == "decoder.onnx"
-    with OrtDecoderPrimitives(wide_head_model_dir, max_lanes=1, max_context=64, threads=nkv + 1) as prims:
-        assert prims.graph.name == PASS_BLOCKS_GRAPH_FILE
+        }, label=f"{threads} threads, ")
 
 
 def test_tiny_rows_are_exact_in_the_slots_form(tiny_model_dir, schedules):
