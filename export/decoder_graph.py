@@ -146,6 +146,7 @@ from sf_trt.formats.model_dir import (
     CACHE_INPUTS, INPUTS, OUTPUTS, PASS_OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
 )
 from sf_trt.graphs.builder import GraphBuilder
+from sf_trt.graphs.ort_fusions import live_nodes as _live
 from sf_trt.graphs.ranges import declare_ranges
 
 from .families import BIAS_OF, family
@@ -687,13 +688,3 @@ def _key_index_nodes(cache: str) -> list[onnx.NodeProto]:
         make("Gather", ["pass_cache_shape", "pass_two"], ["key_extent"], name="key_extent", axis=0),  # E
         make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),
     ]
-
-
-def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
-    """``nodes`` (in order) less those no graph output depends on."""
-    needed, live = set(outputs), []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            live.append(node)
-            needed.update(node.input)
-    return live[::-1]

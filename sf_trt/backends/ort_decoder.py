@@ -208,7 +208,7 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         graph = model.graph_file(cache_inputs)
         config = self._session_config(optimization)
         try:
-            self._session = open_session(graph, threads=threads, optimization=optimization, providers=self.providers, config=config)
+            self._session = open_session(self._fused(graph, config), threads=threads, optimization=optimization, providers=self.providers, config=config)
         except Exception as exc:  # onnxruntime's own errors (InvalidProtobuf, Fail, ...) on a damaged or crafted graph
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise _bad(f"{graph}: onnxruntime cannot load it ({type(exc).__name__}: {first}); re-export the model") from None
@@ -218,6 +218,20 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
         self._allocate_cache()
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
+
+    def _fused(self, graph: Path, config: dict[str, str]):
+        """What onnxruntime loads for ``graph``: the pass form as written (already in onnxruntime's
+        fused ops); the slots form, TensorRT's standard ONNX, fused the same way as it is loaded
+        (:mod:`sf_trt.graphs.ort_fusions`), so that a row comes out of both forms with the same bits.
+        Its weights stay in the model directory's file (``config`` gains where)."""
+        if self.cache_inputs == "pass":
+            return graph
+        import onnx
+
+        from ..graphs.ort_fusions import onnxruntime_fused
+
+        config["session.model_external_initializers_file_folder_path"] = str(graph.parent)
+        return onnxruntime_fused(onnx.load(str(graph), load_external_data=False))
 
     # -- profiling hooks (tools/profile_decode.py, tools/bench_sampler.py) ----------------------
 
