@@ -133,15 +133,14 @@ Tanh with a GELU gate; Sub and Greater with a sliding window;
 DequantizeLinear with int8 weights; Cast below fp32; ArgMax and Constant in the
 pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 or gguf weights.
 
-onnxruntime's fused ops. The graph written here (both forms) is that standard ONNX; the pass form
-a model directory holds (``decoder_pass.onnx``, which only onnxruntime runs) is then rewritten by
-:func:`sf_trt.graphs.ort_fusions.onnxruntime_fused` into contrib ops (``com.microsoft``): each
-layer's rotation as one ``RotaryEmbedding`` for q and one for k (Split, Reshape, the ``pair_swap``
-Gather, two Mul and an Add gone), each residual Add with the RMSNorm after it as one
-``SkipSimplifiedLayerNormalization``; onnxruntime's backend fuses the slots form the same way as it
-loads it, so both of its forms give a row the same bits. With those and onnxruntime's own fusions at
-load (``MatMulNBits``, ``SimplifiedLayerNormalization``, ``QuickGelu``, ``FusedMatMul``) a Llama
-layer runs as 26 kernels: SkipSimplifiedLayerNormalization, MatMulNBits (q|k|v), Split,
+onnxruntime's fused ops. Both forms are written in that standard ONNX (TensorRT builds the slots
+form; onnxruntime's CUDA and TensorRT providers run the pass form as written). onnxruntime's CPU
+backend loads either form rewritten by :func:`sf_trt.graphs.ort_fusions.onnxruntime_fused` into
+contrib ops (``com.microsoft``): each layer's rotation as one ``RotaryEmbedding`` for q and one for
+k (Split, Reshape, the ``pair_swap`` Gather, two Mul and an Add gone), each residual Add with the
+RMSNorm after it as one ``SkipSimplifiedLayerNormalization``. With those and onnxruntime's own
+fusions at load (``MatMulNBits``, ``SimplifiedLayerNormalization``, ``QuickGelu``, ``FusedMatMul``) a
+Llama layer runs as 26 kernels: SkipSimplifiedLayerNormalization, MatMulNBits (q|k|v), Split,
 RotaryEmbedding and Reshape, Transpose, Reshape (q), RotaryEmbedding and Reshape (k), Reshape (v),
 ScatterND (k, v), FusedMatMul, Add (mask), Softmax, MatMul, Reshape, Transpose, Reshape,
 MatMulNBits (o), SkipSimplifiedLayerNormalization, MatMulNBits (gate|up), Split, QuickGelu, Mul,

@@ -286,8 +286,6 @@ def write_model_dir(
 
     from sf_trt.graphs.verify import build_verify_graph
 
-    from sf_trt.graphs.ort_fusions import onnxruntime_fused
-
     from .decoder_graph import pass_form
 
     def fill(tmp: Path) -> None:
@@ -299,10 +297,8 @@ def write_model_dir(
             graph, str(tmp / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
             location=DATA_FILE, size_threshold=1024,
         )
-        # the pass form references the same weight file (its initializers now point there), in
-        # onnxruntime's fused ops (the only backend that runs it)
-        pass_graph = onnxruntime_fused(pass_form(onnx.load(str(tmp / GRAPH_FILE), load_external_data=False)))
-        onnx.save_model(pass_graph, str(tmp / PASS_GRAPH_FILE))
+        # the pass form references the same weight file (its initializers now point there)
+        onnx.save_model(pass_form(onnx.load(str(tmp / GRAPH_FILE), load_external_data=False)), str(tmp / PASS_GRAPH_FILE))
         onnx.save_model(build_verify_graph(cfg.vocab), str(tmp / VERIFY_FILE))
         if tokenizer is not None:
             tokenizer.save(tmp)

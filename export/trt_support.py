@@ -464,8 +464,8 @@ ONNXRUNTIME_ONLY: dict[tuple[str, str], tuple[str, str]] = {
         "a q4 or gguf model directory runs on onnxruntime only",
     ),
     **{("com.microsoft", op): (
-        f"onnxruntime-only ({op} is a contrib op of the decoder's pass form, decoder_pass.onnx)",
-        "the slots form, decoder.onnx of the same model directory, in standard ONNX",
+        f"onnxruntime-only ({op} is a contrib op onnxruntime's CPU backend fuses the decoder into as it loads it)",
+        "the decoder as exported, decoder.onnx of its model directory, in standard ONNX",
     ) for op in ("RotaryEmbedding", "SkipSimplifiedLayerNormalization")},
 }
 """Contrib ops sf-trt export writes for onnxruntime alone, and what to export for TensorRT instead."""

@@ -3,9 +3,9 @@
     python tools/bench_fusions.py [--weights int8] [--threads 2] [--spinning] [--rounds 40]
                                   [--variants unfused,rotary,skip_norm,fused] [--cases decode@200,...]
 
-From the default model's directory (exported if need be), its slots form ``decoder.onnx`` made into
-the pass form without fusions (what ``decoder_pass.onnx`` was up to model-directory format 13), with
-each fusion alone, and with both (what ``decoder_pass.onnx`` holds now). Each variant is written into
+From the default model's directory (exported if need be), its ``decoder.onnx`` made into the pass
+form without fusions (``decoder_pass.onnx`` as written, what onnxruntime's CPU backend ran before),
+with each fusion alone, and with both (what it runs now, ``sf_trt.backends.ort_decoder.loaded_graph``). Each variant is written into
 the model directory for the run (beside its weights, which it shares) and removed after, and opened
 as the backend opens the decoder (its threads, thread-wait policy and int8 setting). In one process,
 round by round, each variant runs a few passes of every case in turn, so a change of load hits all

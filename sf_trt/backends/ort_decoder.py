@@ -2,8 +2,10 @@
 
 The graph is the model directory's decoder (:mod:`sf_trt.formats.model_dir`),
 built by ``sf_trt.export.decoder_graph``, whose docstring says why every row of
-a pass comes out bit-identical whatever else shares the pass. This module packs the protocol's flat rows into the graph's ``[B, T]``
-layout and keeps the KV cache on the host:
+a pass comes out bit-identical whatever else shares the pass; on the CPU it is loaded in
+onnxruntime's fused ops (:func:`loaded_graph`, :mod:`sf_trt.graphs.ort_fusions`). This module
+packs the protocol's flat rows into the graph's ``[B, T]`` layout and keeps the KV cache on
+the host:
 
 * the cache is two lists of numpy arrays, one array per layer for K and one for V,
   ``[max_lanes, n_kv_heads, E, head_dim]`` of the decoder's compute type (float32, or
@@ -208,7 +210,7 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         graph = model.graph_file(cache_inputs)
         config = self._session_config(optimization)
         try:
-            self._session = open_session(self._fused(graph, config), threads=threads, optimization=optimization, providers=self.providers, config=config)
+            self._session = open_session(loaded_graph(graph, self.providers, config), threads=threads, optimization=optimization, providers=self.providers, config=config)
         except Exception as exc:  # onnxruntime's own errors (InvalidProtobuf, Fail, ...) on a damaged or crafted graph
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise _bad(f"{graph}: onnxruntime cannot load it ({type(exc).__name__}: {first}); re-export the model") from None
@@ -218,20 +220,6 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         self._output_names = list(OUTPUTS) + (list(PASS_OUTPUTS) if self._pass_outputs else [])
         self._allocate_cache()
         self._sampler = OrtVerifySampler(cfg.vocab, top_k_limit=top_k_limit, threads=int(sampler_threads))
-
-    def _fused(self, graph: Path, config: dict[str, str]):
-        """What onnxruntime loads for ``graph``: the pass form as written (already in onnxruntime's
-        fused ops); the slots form, TensorRT's standard ONNX, fused the same way as it is loaded
-        (:mod:`sf_trt.graphs.ort_fusions`), so that a row comes out of both forms with the same bits.
-        Its weights stay in the model directory's file (``config`` gains where)."""
-        if self.cache_inputs == "pass":
-            return graph
-        import onnx
-
-        from ..graphs.ort_fusions import onnxruntime_fused
-
-        config["session.model_external_initializers_file_folder_path"] = str(graph.parent)
-        return onnxruntime_fused(onnx.load(str(graph), load_external_data=False))
 
     # -- profiling hooks (tools/profile_decode.py, tools/bench_sampler.py) ----------------------
 
@@ -251,7 +239,8 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         runtime session back; the profile file's path. The lanes' caches are written as by
         any pass."""
         optimization = "all"
-        twin = open_session(self.model_dir / PASS_GRAPH_FILE, threads=threads, config=self._session_config(optimization),
+        config = self._session_config(optimization)
+        twin = open_session(loaded_graph(self.model_dir / PASS_GRAPH_FILE, ["CPUExecutionProvider"], config), threads=threads, config=config,
                             profile_prefix=profile_prefix)
         runtime = self._session
         self._session, self._binding, self._views, self._bound = twin, twin.io_binding(), {}, None
@@ -597,3 +586,19 @@ def open_model(
         model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, providers=providers_for(providers),
         spinning=spinning,
     )
+
+
+def loaded_graph(graph: Path, providers: Sequence, config: dict[str, str]):
+    """What onnxruntime loads for the decoder ``graph`` (either form) on ``providers``: on the CPU
+    alone, the graph in onnxruntime's fused ops (:mod:`sf_trt.graphs.ort_fusions`; fewer kernels a
+    layer, rows as exact), its weights read from the model directory's file (``config`` gains
+    where); on any other provider the graph as written, standard ONNX."""
+    first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+    if first != "CPUExecutionProvider":
+        return graph
+    import onnx
+
+    from ..graphs.ort_fusions import onnxruntime_fused
+
+    config["session.model_external_initializers_file_folder_path"] = os.fspath(graph.parent)
+    return onnxruntime_fused(onnx.load(os.fspath(graph), load_external_data=False))

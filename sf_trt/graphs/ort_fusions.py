@@ -18,10 +18,13 @@ copied):
 What does not match the builder's pattern is left as it is (the per-head q/k norms of Qwen 3 and
 Gemma 3 before the rotation; an fp16 or bf16 graph's rotation). Each fused kernel computes a row
 from that row alone, over the model's fixed dims, so a row's bits still do not depend on how a pass
-is packed (tests/backends/test_row_independence.py); they differ from the unfused graph's in the
-last bits (fused multiply-adds, another summation order), so both of onnxruntime's forms run fused:
-``decoder_pass.onnx`` is written fused, and :class:`~sf_trt.backends.ort_decoder.OrtDecoderPrimitives`
-fuses ``decoder.onnx`` (the slots form, which TensorRT builds as it is) as it loads it.
+is packed (tests/graphs/test_ort_fusions.py, tests/backends/test_row_independence.py); they differ
+from the unfused graph's in the last bits (fused multiply-adds, another summation order).
+
+The model directory's graphs stay standard ONNX (``decoder.onnx`` is what TensorRT builds, and
+onnxruntime's CUDA and TensorRT providers run ``decoder_pass.onnx`` as written): onnxruntime's CPU
+backend fuses whichever form it opens as it loads it
+(:func:`sf_trt.backends.ort_decoder.loaded_graph`), so both of its forms give a row the same bits.
 """
 
 from __future__ import annotations

@@ -99,8 +99,18 @@ def test_a_rotation_after_per_head_norms_is_left_as_written():
     assert "RotaryEmbedding" not in ops and ops.count("SkipSimplifiedLayerNormalization") == 2 * cfg.n_layers - 1
 
 
-def test_a_model_directory_holds_the_fused_pass_form_and_the_standard_slots_form(tiny_model_dir):
-    """decoder_pass.onnx (onnxruntime's) in fused ops, decoder.onnx (TensorRT's) in standard ONNX only."""
+def test_the_cpu_backend_loads_either_form_fused_and_other_providers_as_written(tiny_model_dir):
+    """The model directory's graphs are standard ONNX; onnxruntime's CPU backend loads them in its fused
+    ops (the weights read from the directory's file), a GPU provider as written."""
+    from sf_trt.backends.ort_decoder import loaded_graph
+
     model = ModelDir.open(tiny_model_dir)
-    domains = {form: {n.domain for n in onnx.load(str(model.graph_file(form)), load_external_data=False).graph.node} for form in ("pass", "slots")}
-    assert MS_DOMAIN in domains["pass"] and domains["slots"] <= {"", "ai.onnx"}
+    for form in ("pass", "slots"):
+        path = model.graph_file(form)
+        assert {n.domain for n in onnx.load(str(path), load_external_data=False).graph.node} <= {"", "ai.onnx"}
+        config: dict[str, str] = {}
+        fused = loaded_graph(path, ["CPUExecutionProvider"], config)
+        assert {n.op_type for n in fused.graph.node if n.domain == MS_DOMAIN} == set(FUSED_OPS)
+        assert config == {"session.model_external_initializers_file_folder_path": str(tiny_model_dir)}
+        config = {}
+        assert loaded_graph(path, [("CUDAExecutionProvider", {})], config) == path and config == {}
