@@ -94,6 +94,10 @@ tiny model at two optimization levels and 1/2 threads, and the real model;
 Padding rows count too: the onnxruntime backend puts them at the positions right after their
 lane's rows (capped at the trash slot ``S - 1``), which raises ``E`` by at most the
 pass's rows per lane. The ``slots`` form (TensorRT's engines, one fixed shape) reads ``S`` keys.
+Threads. MLAS chunks a GEMM's sums by how it splits the GEMM among threads, so the pass form
+sums the attention in the same chunks in every pass (:func:`_exact_attention`): ``QK^T`` of a
+head wider than 128 dims in parts of 128, and in ``decoder_pass_blocks.onnx`` (``pass_form``'s
+``pv_blocks``, which the backend runs above ``n_kv_heads`` threads) ``PV`` in 16-column blocks.
 Tried for the copy ScatterND still makes, and dropped: onnxruntime's ``GroupQueryAttention``
 (writes a shared cache buffer, but refuses passes of several lanes with several rows each, and
 its one-row path is not row-exact: MLAS takes another path at M == 1) and opset 23's
@@ -175,6 +179,16 @@ NBITS_WEIGHTS = ("q4", "gguf")
 NBITS_ACCURACY = 4
 """``MatMulNBits``' accuracy level: 4 computes in int8, activations quantized per row and
 block of 32 (onnxruntime's fast CPU path; the int8 export runs the same through its fusion)."""
+
+PV_COLUMNS = 16
+"""The most value columns one ``PV`` GEMM of the pass form computes (MLAS's thread alignment:
+a GEMM this narrow is never split among threads by its columns; see :func:`pass_form`)."""
+
+
+def pv_columns(head_dim: int) -> int:
+    """The width of the value-column blocks: the largest divisor of ``head_dim`` up to :data:`PV_COLUMNS`."""
+    return max(c for c in range(1, PV_COLUMNS + 1) if head_dim % c == 0)
+
 
 COMPUTE_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 """The ONNX type of the decoder's weights, matmuls and KV cache, by precision."""
@@ -552,11 +566,7 @@ class _Decoder:
         qg = g.op("Reshape", [g.op("Transpose", [q], f"{p}_q_t", perm=[0, 2, 1, 3]), shapes["groups"]], f"{p}_q_groups")
         if self.rep > 1:
             qg = g.op("Tile", [qg, self.tile_rep], f"{p}_q_rep")
-        scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B,nkv,rep*grp*T,S]
-        scores = self.to_f32(scores, f"{p}_scores")  # mask and softmax in float32
-        mask = self.local_mask if local else self.mask
-        probs = g.op("Softmax", [g.op("Add", [scores, mask], f"{p}_masked")], f"{p}_probs", axis=-1)
-        attn = g.op("MatMul", [self.to_compute(probs, f"{p}_probs"), v_all], f"{p}_attn")  # [B, nkv, rep*grp*T, hd]
+        attn = self.attend(qg, k_all, v_all, self.local_mask if local else self.mask, p)  # [B, nkv, rep*grp*T, hd]
         if self.rep > 1:
             attn = g.op("Slice", [attn, self.zero1, self.q_rows, self.ax2], f"{p}_attn_once")
         attn = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [attn, shapes["heads"]], f"{p}_attn_h")], f"{p}_attn_t", perm=[0, 2, 1, 3]), shapes["merge"]], f"{p}_attn_m")
@@ -567,6 +577,16 @@ class _Decoder:
         act = g.op("Mul", [self.activation(gate, p), up], f"{p}_act")
         post_ffn = f"{p}.post_ffn_norm" if layer.post_ffn_norm is not None else None
         return self.linear(act, f"{p}.w_down", layer, i, ("w_down",), residual=x, post_norm=post_ffn)
+
+    def attend(self, q: str, keys: str, values: str, mask: str, p: str) -> str:
+        """``softmax(q k^T + mask) v`` over every kv head at once: ``q`` ``[B, nkv, R, hd]``,
+        ``keys``/``values`` ``[B, nkv, S, hd]``; returns ``[B, nkv, R, hd]``. The slots form
+        (TensorRT's) keeps it; :func:`pass_form` computes it one kv head at a time."""
+        g = self.g
+        scores = g.op("MatMul", [q, g.op("Transpose", [keys], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B, nkv, R, S]
+        scores = self.to_f32(scores, f"{p}_scores")  # mask and softmax in float32
+        probs = g.op("Softmax", [g.op("Add", [scores, mask], f"{p}_masked")], f"{p}_probs", axis=-1)
+        return g.op("MatMul", [self.to_compute(probs, f"{p}_probs"), values], f"{p}_attn")
 
     def head(self, weights: LlamaWeights, x: str) -> None:
         """The logits of the wanted rows only: gathered *before* the final norm and the lm_head."""
@@ -635,7 +655,7 @@ def _io(cfg: LlamaConfig, max_lanes, max_context, cache_inputs, precision) -> tu
     return inputs, outputs
 
 
-def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
+def pass_form(model: onnx.ModelProto, pv_blocks: bool = False) -> onnx.ModelProto:
     """The ``"pass"`` form of a ``"slots"`` decoder graph: no ``lane_ids``, the caches of the
     pass's lanes as inputs, read whole: their length ``E`` (the ``cache_len`` dim, symbolic) is
     the pass's key extent, which the runtime chooses (module docstring, *Key extent*), and the
@@ -648,6 +668,10 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
 
     Works on the graph alone (initializers are shared, never copied), so it can
     be applied to a graph loaded without its external data.
+
+    ``pv_blocks``: each ``PV`` product in blocks of :func:`pv_columns` value columns, so its
+    rows are exact at any thread count (:func:`_exact_attention`; the model directory's
+    :data:`~sf_trt.formats.model_dir.PASS_BLOCKS_GRAPH_FILE`).
     """
     graph = model.graph
     if "lane_ids" not in {i.name for i in graph.input}:
@@ -668,6 +692,8 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
         new.CopyFrom(node)
         new.input[:] = [renamed.get(name, name) for name in node.input]
         nodes.append(new)
+    head_dim = next(i for i in graph.input if i.name in caches).type.tensor_type.shape.dim[3].dim_value  # [lanes, nkv, S, hd]
+    nodes = _exact_attention(nodes, head_dim, pv_blocks)
     g.node.extend(_live(nodes, [o.name for o in graph.output]))
     used = {name for node in g.node for name in node.input}
     g.initializer.extend(t for t in graph.initializer if t.name in used and t.name != KEY_INDEX)
@@ -689,14 +715,95 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+QK_TERMS = 128
+"""The most terms of one ``QK^T`` dot product per matmul in the pass form (MLAS's shortest key
+chunk): a wider head is summed in parts of this many dims, added in order."""
+
+
+def _exact_attention(nodes: list[onnx.NodeProto], head_dim: int, pv_blocks: bool) -> list[onnx.NodeProto]:
+    """``nodes`` with each layer's attention (:meth:`_Decoder.attend`: ``MatMul(q, Transpose(K))``,
+    ``Add`` of the mask, ``Softmax``, ``MatMul(probs, V)``, a ``Cast`` after each matmul below
+    fp32) summed in the same chunks in every pass.
+
+    Why: MLAS sums a GEMM's dot products over ``K`` in chunks whose length follows the number
+    of columns one thread computes (for 64 columns 256 terms, for 16 columns 1024, at most 128
+    terms for 128 columns or more), and it splits a GEMM among threads by its columns when it
+    has fewer rows than columns and more threads than GEMMs in the batch. A decode pass has few
+    rows, a prefill or verify pass many, so their sums could be chunked differently, and a row
+    would differ in its last bits with the pass that computed it
+    (tests/backends/test_row_independence.py):
+
+    - ``PV`` (``K`` the key extent, ``head_dim`` columns): split by columns once the threads
+      outnumber the batch's ``lanes * n_kv_heads`` GEMMs. With ``pv_blocks`` it is computed in
+      blocks of :func:`pv_columns` (16) value columns, and a GEMM that narrow is never split
+      by its columns: the same chunks at any thread count. Without it the graph is exact
+      while ``threads <= n_kv_heads`` (every GEMM one thread's), and faster: the blocks copy
+      the values once a pass and take four times the kernel calls (8 lanes decoding at 135M:
+      1.5x slower; docs/benchmarks.md). The backend picks
+      (:meth:`~sf_trt.formats.model_dir.ModelDir.graph_file`).
+    - ``QK^T`` (``K`` = ``head_dim``): one chunk whatever the split while ``head_dim`` <= 128;
+      a wider head (Gemma 3's 256) is summed in parts of :data:`QK_TERMS` dims, added in order.
+    """
+    producer = {o: n for n in nodes for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    replace: dict[str, list[onnx.NodeProto]] = {}  # a node's name -> the nodes that compute its output instead
+    make = helper.make_node
+    cols = pv_columns(head_dim)
+    for softmax in (n for n in nodes if n.op_type == "Softmax"):
+        add = producer[softmax.input[0]]
+        qk = producer[add.input[0]]
+        qk = producer[qk.input[0]] if qk.op_type == "Cast" else qk
+        probs = softmax.output[0]
+        after = consumers[probs][0]
+        pv = consumers[after.output[0]][0] if after.op_type == "Cast" else after
+        if (add.op_type, qk.op_type, pv.op_type) != ("Add", "MatMul", "MatMul"):
+            raise ValueError(f"pass_form: the attention at {softmax.name!r} is not MatMul(q, K^T) -> Add(mask) -> Softmax -> MatMul(V)")
+        if head_dim > QK_TERMS:
+            q, k_t = qk.input  # [B, nkv, R, hd], [B, nkv, hd, S]
+            st, parts = qk.name, []
+            for j, lo in enumerate(range(0, head_dim, QK_TERMS)):
+                span = [f"{st}_d{j}_lo", f"{st}_d{j}_hi"]
+                hi = min(lo + QK_TERMS, head_dim)
+                parts += [_i64_const(span[0], [lo]), _i64_const(span[1], [hi])]
+                parts.append(make("Slice", [q, *span, "pass_axis_m1"], [f"{st}_q{j}"], name=f"{st}_q{j}"))
+                parts.append(make("Slice", [k_t, *span, "pass_axis_m2"], [f"{st}_k{j}"], name=f"{st}_k{j}"))
+                parts.append(make("MatMul", [f"{st}_q{j}", f"{st}_k{j}"], [f"{st}_p{j}"], name=f"{st}_p{j}"))
+                if j:  # the parts added in order of their dims
+                    out = qk.output[0] if hi == head_dim else f"{st}_s{j}"
+                    prev = f"{st}_p0" if j == 1 else f"{st}_s{j - 1}"
+                    parts.append(make("Add", [prev, f"{st}_p{j}"], [out], name=out))
+            replace[qk.name] = parts
+        if pv_blocks:
+            p_in, values = pv.input  # [B, nkv, R, S], [B, nkv, S, hd]
+            st = pv.name
+            replace[pv.name] = [
+                make("Unsqueeze", [p_in, "pass_axis2"], [f"{st}_probs5"], name=f"{st}_probs5"),  # [B, nkv, 1, R, S]
+                make("Reshape", [values, "pass_v_blocks"], [f"{st}_v5"], name=f"{st}_v5"),  # [B, nkv, S, hd/cols, cols]
+                make("Transpose", [f"{st}_v5"], [f"{st}_v_blocks"], name=f"{st}_v_blocks", perm=[0, 1, 3, 2, 4]),  # [B, nkv, hd/cols, S, cols]
+                make("MatMul", [f"{st}_probs5", f"{st}_v_blocks"], [f"{st}_blocks"], name=f"{st}_blocks"),  # [B, nkv, hd/cols, R, cols]
+                make("Transpose", [f"{st}_blocks"], [f"{st}_rows"], name=f"{st}_rows", perm=[0, 1, 3, 2, 4]),  # [B, nkv, R, hd/cols, cols]
+                make("Reshape", [f"{st}_rows", "pass_head_rows"], [pv.output[0]], name=pv.output[0]),  # [B, nkv, R, hd]
+            ]
+    if not replace:
+        return nodes
+    shared = [_i64_const("pass_axis2", [2]), _i64_const("pass_axis_m1", [-1]), _i64_const("pass_axis_m2", [-2]),
+              _i64_const("pass_v_blocks", [0, 0, -1, head_dim // cols, cols]), _i64_const("pass_head_rows", [0, 0, -1, head_dim])]
+    return shared + [m for n in nodes for m in replace.get(n.name, [n])]
+
+
+def _i64_const(name: str, value) -> onnx.NodeProto:
+    """A ``Constant`` node of int64 ``value``, its output ``name``."""
+    return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
+
+
 def _key_index_nodes(cache: str) -> list[onnx.NodeProto]:
     """``key_idx = 0 .. E - 1``, ``E`` the length (axis 2) of the cache input ``cache``."""
-    def const(name: str, value) -> onnx.NodeProto:
-        return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
-
     make = helper.make_node
     return [
-        const("pass_zero", 0), const("pass_one", 1), const("pass_two", 2),
+        _i64_const("pass_zero", 0), _i64_const("pass_one", 1), _i64_const("pass_two", 2),
         make("Shape", [cache], ["pass_cache_shape"], name="pass_cache_shape"),
         make("Gather", ["pass_cache_shape", "pass_two"], ["key_extent"], name="key_extent", axis=0),  # E
         make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from sf_trt.formats.files import check_writable_dir, removed_on_signal, replace_dir, sha256_file, sweep_stale, temp_path
 from sf_trt.formats.model_dir import (
     CONFIG_FILE, DATA_FILE, DEFAULT_PRECISION, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, INPUTS, OUTPUTS, PADDING_POSITION,
-    PASS_GRAPH_FILE, PRECISIONS,
+    PASS_BLOCKS_GRAPH_FILE, PASS_GRAPH_FILE, PRECISIONS,
     VERIFY_FILE, WEIGHT_DTYPES, LlamaConfig, ModelDir, ModelDirError, config_digest, graph_precision,
     made_by_export,
 )
@@ -297,8 +297,10 @@ def write_model_dir(
             graph, str(tmp / GRAPH_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
             location=DATA_FILE, size_threshold=1024,
         )
-        # the pass form references the same weight file (its initializers now point there)
-        onnx.save_model(pass_form(onnx.load(str(tmp / GRAPH_FILE), load_external_data=False)), str(tmp / PASS_GRAPH_FILE))
+        # the pass forms reference the same weight file (its initializers now point there)
+        slots = onnx.load(str(tmp / GRAPH_FILE), load_external_data=False)
+        onnx.save_model(pass_form(slots), str(tmp / PASS_GRAPH_FILE))
+        onnx.save_model(pass_form(slots, pv_blocks=True), str(tmp / PASS_BLOCKS_GRAPH_FILE))
         onnx.save_model(build_verify_graph(cfg.vocab), str(tmp / VERIFY_FILE))
         if tokenizer is not None:
             tokenizer.save(tmp)
@@ -340,7 +342,7 @@ def graph_facts(cfg: LlamaConfig, precision: str = DEFAULT_PRECISION) -> dict[st
     cache_type = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
     return {
         "opset": OPSET,
-        "graphs": {GRAPH_FILE: "slots", PASS_GRAPH_FILE: "pass"},
+        "graphs": {GRAPH_FILE: "slots", PASS_GRAPH_FILE: "pass", PASS_BLOCKS_GRAPH_FILE: "pass, PV in 16-column blocks"},
         "inputs": list(INPUTS) + ["past_key_{i}", "past_value_{i}"],
         "outputs": list(OUTPUTS),
         "cache_layout": f"[max_lanes (slots form) or batch (pass form), n_kv_heads, max_context + 1, head_dim] {cache_type}; position max_context is the trash slot",

@@ -46,6 +46,18 @@ def assert_rows_exact(prims, sched) -> None:
     assert not failures, "\n".join(failures)
 
 
+def assert_schedules_exact(prims, sched, schedules: dict, label: str = "") -> dict:
+    """Each of ``schedules`` (name -> schedule) gives each lane's rows the bits of plain decoding
+    (one row a pass); returns the plain rows. ``label`` heads each failure."""
+    plain = sched.run(prims, sched.plain())
+    for name, schedule in schedules.items():
+        got = sched.run(prims, schedule)
+        for lane in sched.seqs:
+            n_bad = int(np.any(bits(got[lane]) != bits(plain[lane]), axis=1).sum())
+            assert n_bad == 0, f"{label}{name}: lane {lane}, {n_bad} of {len(got[lane])} rows differ"
+    return plain
+
+
 def rows(lane: int, start: int, tokens, logits="all") -> Rows:
     n = len(tokens)
     wanted = np.arange(n) if isinstance(logits, str) else np.asarray(logits)

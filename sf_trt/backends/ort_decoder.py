@@ -65,7 +65,7 @@ import numpy as np
 
 from ..abi import Sampling, Status, StatusError
 from ..block_pool import lazy_zeros
-from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_GRAPH_FILE, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
+from ..formats.model_dir import CACHE_INPUTS, OUTPUTS, PASS_OUTPUTS, ModelDir, ModelDirError, cache_names
 from ..primitives import Capabilities, PrimitivesBase, Rows, SampleRows
 from .ort_adjust import HostLogitAdjust
 from .ort_logprobs import HostLogprobs
@@ -207,7 +207,8 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         self.precision = model.precision
         self.cache_inputs = cache_inputs
         self.spinning = bool(spinning)
-        graph = model.graph_file(cache_inputs)
+        self.graph = graph = model.graph_file(cache_inputs, threads)
+        """The decoder graph this backend runs (the pass form's two files: which rows stay exact at its thread count)."""
         config = self._session_config(optimization)
         try:
             self._session = open_session(loaded_graph(graph, self.providers, config), threads=threads, optimization=optimization, providers=self.providers, config=config)
@@ -240,7 +241,7 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         any pass."""
         optimization = "all"
         config = self._session_config(optimization)
-        twin = open_session(loaded_graph(self.model_dir / PASS_GRAPH_FILE, ["CPUExecutionProvider"], config), threads=threads, config=config,
+        twin = open_session(loaded_graph(self.graph, ["CPUExecutionProvider"], config), threads=threads, config=config,
                             profile_prefix=profile_prefix)
         runtime = self._session
         self._session, self._binding, self._views, self._bound = twin, twin.io_binding(), {}, None

@@ -43,14 +43,14 @@ import numpy as np
 from .files import STAMPS_NAME, DigestStamps
 
 __all__ = [
-    "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
+    "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "PASS_BLOCKS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
     "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS", "AUTO_WEIGHTS", "WEIGHT_CHOICES",
     "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
     "MAX_CONTEXT_LENGTH", "cache_names", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
     "ModelDirError",
 ]
 
-FORMAT_VERSION = 13
+FORMAT_VERSION = 14
 """Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always
 there; 6: digests of every file, or the exact hash, on two branches; 7: both; 8: the decoder's
 precision, its dim ``rows_per_lane``; 9: the pass form reads keys up to the pass's extent, q4 weights;
@@ -58,10 +58,14 @@ precision, its dim ``rows_per_lane``; 9: the pass form reads keys up to the pass
 windows, local rope base and query scale; ``"gguf"`` (the source) records its ``kind``, gguf or hf;
 12: the pass form reads its bound caches whole, their length the key extent the runtime chose, or
 q4 carries Q4_0 and Q4_K blocks too and requantizes other matrices with zero points, not as Q4_1, on
-two branches; 13: both)."""
+two branches; 13: both; 14: the pass form's attention one kv head at a time, ``PV`` in 16-column blocks)."""
 CONFIG_FILE = "config.json"
 GRAPH_FILE = "decoder.onnx"
 PASS_GRAPH_FILE = "decoder_pass.onnx"
+PASS_BLOCKS_GRAPH_FILE = "decoder_pass_blocks.onnx"
+"""The pass form with its ``PV`` products in 16-column blocks: rows exact at any thread count,
+where :data:`PASS_GRAPH_FILE`'s are exact up to ``n_kv_heads`` threads (``pass_form``'s
+``pv_blocks``; :meth:`ModelDir.graph_file` picks)."""
 DATA_FILE = "decoder.onnx.data"
 VERIFY_FILE = "verify.onnx"
 
@@ -296,11 +300,18 @@ class ModelDir:
     def gguf_sha256(self) -> str | None:
         return self.meta["gguf"].get("sha256")
 
-    def graph_file(self, cache_inputs: str) -> Path:
-        """The decoder graph of form ``cache_inputs`` (:data:`CACHE_INPUTS`)."""
+    def graph_file(self, cache_inputs: str, threads: int | None = None) -> Path:
+        """The decoder graph of form ``cache_inputs`` (:data:`CACHE_INPUTS`) for a session of
+        ``threads`` intra-op threads (``None``: onnxruntime's default, taken as ``os.cpu_count()``).
+        The pass form's rows are exact at any thread count in :data:`PASS_BLOCKS_GRAPH_FILE`, and
+        up to ``n_kv_heads`` threads in the faster :data:`PASS_GRAPH_FILE` (docs/design.md, *Rows
+        exact at any thread count*)."""
         if cache_inputs not in CACHE_INPUTS:
             raise ModelDirError(f"{self.path}: decoder form {cache_inputs!r} unknown (known: {', '.join(CACHE_INPUTS)})")
-        return self.path / (PASS_GRAPH_FILE if cache_inputs == "pass" else GRAPH_FILE)
+        if cache_inputs != "pass":
+            return self.path / GRAPH_FILE
+        threads = int(threads) if threads else (os.cpu_count() or 1)
+        return self.path / (PASS_GRAPH_FILE if threads <= self.config.n_kv_heads else PASS_BLOCKS_GRAPH_FILE)
 
 
 _HEX64 = frozenset("0123456789abcdef")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rows import assert_rows_exact, bits
+from rows import assert_rows_exact, assert_schedules_exact, bits
 
 from sf_trt.backends.ort_decoder import OrtDecoderPrimitives
 
@@ -81,18 +81,60 @@ def test_tiny_rows_are_exact_whatever_the_key_extent(tiny_model_dir, schedules, 
     rng = np.random.default_rng(18)
     sched = schedules({0: rng.integers(0, 256, 230), 1: rng.integers(0, 256, 140), 2: rng.integers(0, 256, 75)})
     with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=threads, optimization=optimization) as prims:
-        plain = sched.run(prims, sched.plain())
-        for name, schedule in {
+        plain = assert_schedules_exact(prims, sched, {
             "chunks of 7": sched.chunked(7), "chunks of 64": sched.chunked(64),
             "lanes mixed 1/9/3": sched.mixed([1, 9, 3], lambda k: [0, 1, 2] if k % 2 else [2, 1, 0]),
-        }.items():
-            got = sched.run(prims, schedule)
-            for lane in sched.seqs:
-                assert np.array_equal(bits(got[lane]), bits(plain[lane])), f"{name}: lane {lane}"
+        })
     with OrtDecoderPrimitives(tiny_model_dir, max_lanes=3, max_context=320, threads=threads, optimization=optimization, cache_inputs="slots") as prims:
         window = sched.run(prims, sched.chunked(5))
     for lane in sched.seqs:
         assert np.array_equal(bits(window[lane]), bits(plain[lane])), f"the whole window: lane {lane}"
+
+
+WIDE_HEADS = {
+    "hd64": dict(head_dim=64),  # MLAS chunks a 64-column PV's keys by 256 when one thread computes it, 512 when two split it
+    "hd256": dict(head_dim=256, n_kv_heads=1),  # Gemma 3's width: QK^T itself sums 256 terms
+}
+
+
+@pytest.fixture(scope="module", params=sorted(WIDE_HEADS))
+def wide_head_model_dir(request, tmp_path_factory):
+    """The tiny model with wide heads: wide enough that MLAS's way of summing an attention
+    product depends on how threads split it (``pass_form``'s ``_exact_attention``)."""
+    from sf_trt.export.decoder_graph import build_decoder_graph
+    from sf_trt.export.pipeline import write_model_dir
+    from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
+
+    cfg = tiny_llama_config(**WIDE_HEADS[request.param])
+    return write_model_dir(tmp_path_factory.mktemp(request.param) / "model", cfg, build_decoder_graph(cfg, random_llama_weights(cfg, seed=3)))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4, 8])
+def test_rows_are_exact_at_any_thread_count_past_the_first_key_chunk(wide_head_model_dir, schedules, threads):
+    """Heads of 64 and 256 dims, keys past 256 (where MLAS's first key chunk ends): a lane
+    decoded one row a pass, prefilled in chunks, or packed beside other lanes, gives every row
+    the same bits at 1, 2, 4 and 8 threads, in whichever pass graph the backend picks for that
+    many threads. (Until model-directory format 14 a 1-row pass at more threads than
+    ``lanes * n_kv_heads`` summed its keys in other chunks than a prefill pass did.)"""
+    rng = np.random.default_rng(21)
+    sched = schedules({0: rng.integers(0, 256, 300), 1: rng.integers(0, 256, 40), 2: rng.integers(0, 256, 290)})
+    with OrtDecoderPrimitives(wide_head_model_dir, max_lanes=3, max_context=320, threads=threads) as prims:
+        assert_schedules_exact(prims, sched, {
+            "chunks of 64": sched.chunked(64), "chunks of 290": sched.chunked(290),
+            "lanes mixed 1/9/3": sched.mixed([1, 9, 3], lambda k: [0, 1, 2] if k % 2 else [2, 1, 0]),
+        }, label=f"{threads} threads, {prims.graph.name}, ")
+
+
+def test_the_backend_picks_the_blocks_graph_above_n_kv_heads_threads(wide_head_model_dir):
+    from sf_trt.formats.model_dir import PASS_BLOCKS_GRAPH_FILE, PASS_GRAPH_FILE, ModelDir
+
+    model = ModelDir.open(wide_head_model_dir)
+    nkv = model.config.n_kv_heads
+    assert model.graph_file("pass", nkv).name == PASS_GRAPH_FILE
+    assert model.graph_file("pass", nkv + 1).name == PASS_BLOCKS_GRAPH_FILE
+    assert model.graph_file("slots", 64).name == "decoder.onnx"
+    with OrtDecoderPrimitives(wide_head_model_dir, max_lanes=1, max_context=64, threads=nkv + 1) as prims:
+        assert prims.graph.name == PASS_BLOCKS_GRAPH_FILE
 
 
 def test_tiny_rows_are_exact_in_the_slots_form(tiny_model_dir, schedules):

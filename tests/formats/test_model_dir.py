@@ -15,9 +15,9 @@ from sf_trt.formats.model_dir import FORMAT_VERSION, ModelDir, ModelDirError, ma
 
 def test_config_json_records_the_graph_facts(tiny_model_dir):
     meta = json.loads((tiny_model_dir / "config.json").read_text())
-    assert meta["graph"]["graphs"] == {"decoder.onnx": "slots", "decoder_pass.onnx": "pass"}
+    assert meta["graph"]["graphs"] == {"decoder.onnx": "slots", "decoder_pass.onnx": "pass", "decoder_pass_blocks.onnx": "pass, PV in 16-column blocks"}
     assert meta["graph"]["padding_position"] == "max_context"
-    assert {"decoder.onnx", "decoder_pass.onnx", "decoder.onnx.data"} <= set(meta["files"])
+    assert {"decoder.onnx", "decoder_pass.onnx", "decoder_pass_blocks.onnx", "decoder.onnx.data"} <= set(meta["files"])
     assert meta["format"] == FORMAT_VERSION and meta["precision"] == "fp32" == ModelDir.open(tiny_model_dir).precision
     assert "float32" in meta["graph"]["cache_layout"]
 
