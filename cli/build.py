@@ -2,7 +2,8 @@
 
 Every engine takes one shape (``--max-lanes``, ``--rows-per-lane``, ``--max-context``);
 ``--check`` lists it per graph with the op check. A model directory stands for its
-``decoder.onnx`` and ``verify.onnx`` (the engines the TensorRT backend opens).
+``decoder.onnx`` and ``verify.onnx`` (the engines the TensorRT backend opens); its
+pass forms (``decoder_pass.onnx``, ``decoder_pass_blocks.onnx``) are onnxruntime's, named as such and not checked.
 Precision is the graph's own (``sf-trt export --precision``).
 
 Exit codes: 0 all graphs supported (and built); 1 a graph is refused or a build
@@ -77,7 +78,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", "-v", action="store_true", help="also print warnings")
 
 
-def _collect(paths: Sequence[str]) -> tuple[list[Path], list[str]]:
+def _collect(paths: Sequence[str], out=None) -> tuple[list[Path], list[str]]:
     from sf_trt.formats.model_dir import CONFIG_FILE, GRAPH_FILE, VERIFY_FILE, made_by_export
 
     files: list[Path] = []
@@ -86,6 +87,8 @@ def _collect(paths: Sequence[str]) -> tuple[list[Path], list[str]]:
         p = Path(raw)
         if p.is_dir() and (p / CONFIG_FILE).is_file() and made_by_export(p):
             files.extend(p / name for name in (GRAPH_FILE, VERIFY_FILE))  # the engines the TensorRT backend opens
+            if out is not None:
+                out(_pass_form_note(p))
         elif p.is_dir():
             found = sorted(p.glob("*.onnx"))
             if not found:
@@ -116,11 +119,20 @@ def _registry_files(dest: Path, err) -> list[Path]:
     return files
 
 
+def _pass_form_note(model_dir: Path) -> str:
+    """Which decoder graph of a model directory each backend gets."""
+    from sf_trt.formats.model_dir import GRAPH_FILE, PASS_BLOCKS_GRAPH_FILE, PASS_GRAPH_FILE
+    from sf_trt.graphs.ort_fusions import FUSED_OPS
+
+    return (f"{model_dir / PASS_GRAPH_FILE}, {PASS_BLOCKS_GRAPH_FILE}: onnxruntime's decoder (its CPU backend loads it, as "
+            f"{GRAPH_FILE}, in its contrib ops {', '.join(FUSED_OPS)}), not a TensorRT engine; TensorRT builds {model_dir / GRAPH_FILE}")
+
+
 def run_build(args: argparse.Namespace, *, out=None, err=None) -> int:
     """Run ``sf-trt build`` on parsed ``args``; returns the exit code."""
     out = out or (lambda s: print(s, file=sys.stdout))
     err = err or (lambda s: print(s, file=sys.stderr))
-    files, problems = _collect(args.paths)
+    files, problems = _collect(args.paths, out)
     for p in problems:
         err(f"sf-trt build: error: {p}")
     if problems:

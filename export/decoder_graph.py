@@ -137,6 +137,19 @@ ScatterND, Shape, Range, Unsqueeze, Expand, Concat, Tile (and Slice without GQA;
 Tanh with a GELU gate; Sub and Greater with a sliding window;
 DequantizeLinear with int8 weights; Cast below fp32; ArgMax and Constant in the
 pass form). No TopK, no bitwise ops; contrib ops (``MatMulNBits``) only with q4 or gguf weights.
+
+onnxruntime's fused ops. Both forms are written in that standard ONNX (TensorRT builds the slots
+form; onnxruntime's CUDA and TensorRT providers run the pass form as written). onnxruntime's CPU
+backend loads either form rewritten by :func:`sf_trt.graphs.ort_fusions.onnxruntime_fused` into
+contrib ops (``com.microsoft``): each layer's rotation as one ``RotaryEmbedding`` for q and one for
+k (Split, Reshape, the ``pair_swap`` Gather, two Mul and an Add gone), each residual Add with the
+RMSNorm after it as one ``SkipSimplifiedLayerNormalization``. With those and onnxruntime's own
+fusions at load (``MatMulNBits``, ``SimplifiedLayerNormalization``, ``QuickGelu``, ``FusedMatMul``) a
+Llama layer runs as 26 kernels: SkipSimplifiedLayerNormalization, MatMulNBits (q|k|v), Split,
+RotaryEmbedding and Reshape, Transpose, Reshape (q), RotaryEmbedding and Reshape (k), Reshape (v),
+ScatterND (k, v), FusedMatMul, Add (mask), Softmax, MatMul, Reshape, Transpose, Reshape,
+MatMulNBits (o), SkipSimplifiedLayerNormalization, MatMulNBits (gate|up), Split, QuickGelu, Mul,
+MatMulNBits (down); 30 before (docs/benchmarks.md, "onnxruntime's fused ops in the pass form").
 """
 
 from __future__ import annotations
@@ -151,6 +164,7 @@ from sf_trt.formats.model_dir import (
     CACHE_INPUTS, INPUTS, OUTPUTS, PASS_OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
 )
 from sf_trt.graphs.builder import GraphBuilder
+from sf_trt.graphs.ort_fusions import live_nodes as _live
 from sf_trt.graphs.ranges import declare_ranges
 
 from .families import BIAS_OF, family
@@ -865,13 +879,3 @@ def _key_index_nodes(cache: str) -> list[onnx.NodeProto]:
         make("Gather", ["pass_cache_shape", "pass_two"], ["key_extent"], name="key_extent", axis=0),  # E
         make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),
     ]
-
-
-def _live(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
-    """``nodes`` (in order) less those no graph output depends on."""
-    needed, live = set(outputs), []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            live.append(node)
-            needed.update(node.input)
-    return live[::-1]

@@ -53,6 +53,7 @@ import onnx
 import onnx.shape_inference
 from onnx import TensorProto, numpy_helper
 
+from sf_trt.graphs.ort_fusions import FUSED_OPS, MS_DOMAIN
 from sf_trt.graphs.ranges import RANGES_KEY
 from sf_trt.graphs.verify import TOPK_MAX_K  # [M] "`K` input must be less than 3840"
 
@@ -462,6 +463,10 @@ ONNXRUNTIME_ONLY: dict[tuple[str, str], tuple[str, str]] = {
         "a default-domain MatMul: `sf-trt export --weights int8` (or `--weights float32 --precision fp16|bf16`); "
         "a q4 or gguf model directory runs on onnxruntime only",
     ),
+    **{("com.microsoft", op): (
+        f"onnxruntime-only ({op} is a contrib op onnxruntime's CPU backend fuses the decoder into as it loads it)",
+        "the decoder as exported, decoder.onnx of its model directory, in standard ONNX",
+    ) for op in ("RotaryEmbedding", "SkipSimplifiedLayerNormalization")},
 }
 """Contrib ops sf-trt export writes for onnxruntime alone, and what to export for TensorRT instead."""
 

@@ -2,8 +2,10 @@
 
 The graph is the model directory's decoder (:mod:`sf_trt.formats.model_dir`),
 built by ``sf_trt.export.decoder_graph``, whose docstring says why every row of
-a pass comes out bit-identical whatever else shares the pass. This module packs the protocol's flat rows into the graph's ``[B, T]``
-layout and keeps the KV cache on the host:
+a pass comes out bit-identical whatever else shares the pass; on the CPU it is loaded in
+onnxruntime's fused ops (:func:`loaded_graph`, :mod:`sf_trt.graphs.ort_fusions`). This module
+packs the protocol's flat rows into the graph's ``[B, T]`` layout and keeps the KV cache on
+the host:
 
 * the cache is two lists of numpy arrays, one array per layer for K and one for V,
   ``[max_lanes, n_kv_heads, E, head_dim]`` of the decoder's compute type (float32, or
@@ -209,7 +211,7 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         """The decoder graph this backend runs."""
         config = self._session_config(optimization)
         try:
-            self._session = open_session(graph, threads=threads, optimization=optimization, providers=self.providers, config=config)
+            self._session = open_session(loaded_graph(graph, self.providers, config), threads=threads, optimization=optimization, providers=self.providers, config=config)
         except Exception as exc:  # onnxruntime's own errors (InvalidProtobuf, Fail, ...) on a damaged or crafted graph
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise _bad(f"{graph}: onnxruntime cannot load it ({type(exc).__name__}: {first}); re-export the model") from None
@@ -238,7 +240,8 @@ class OrtDecoderPrimitives(HostLogitAdjust, HostLogprobs, PrimitivesBase):
         runtime session back; the profile file's path. The lanes' caches are written as by
         any pass."""
         optimization = "all"
-        twin = open_session(self.graph, threads=threads, config=self._session_config(optimization),
+        config = self._session_config(optimization)
+        twin = open_session(loaded_graph(self.graph, ["CPUExecutionProvider"], config), threads=threads, config=config,
                             profile_prefix=profile_prefix)
         runtime = self._session
         self._session, self._binding, self._views, self._bound = twin, twin.io_binding(), {}, None
@@ -584,3 +587,19 @@ def open_model(
         model_dir, max_lanes=max_lanes, max_context=max_context, threads=threads, providers=providers_for(providers),
         spinning=spinning,
     )
+
+
+def loaded_graph(graph: Path, providers: Sequence, config: dict[str, str]):
+    """What onnxruntime loads for the decoder ``graph`` (either form) on ``providers``: on the CPU
+    alone, the graph in onnxruntime's fused ops (:mod:`sf_trt.graphs.ort_fusions`; fewer kernels a
+    layer, rows as exact), its weights read from the model directory's file (``config`` gains
+    where); on any other provider the graph as written, standard ONNX."""
+    first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+    if first != "CPUExecutionProvider":
+        return graph
+    import onnx
+
+    from ..graphs.ort_fusions import onnxruntime_fused
+
+    config["session.model_external_initializers_file_folder_path"] = os.fspath(graph.parent)
+    return onnxruntime_fused(onnx.load(os.fspath(graph), load_external_data=False))

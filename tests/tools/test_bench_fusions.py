@@ -1,0 +1,23 @@
+"""tools/bench_fusions.py: the decoder pass with and without onnxruntime's fused ops, alternating in one process."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.slow
+def test_every_variant_times_every_case_and_the_graphs_it_wrote_are_removed(real_int8_model_dir, capsys, load_tool):
+    load_tool("bench_fusions").main(["--rounds", "1", "--cases", "decode@200,verify9@200", "--threads", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("| case |"))
+    assert [c.split(":")[0] for c in header.strip("| ").split(" | ")[1:5]] == ["unfused", "rotary", "skip_norm", "fused"]
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| decode") or line.startswith("| verify")}
+    assert set(rows) == {"decode@200", "verify9@200"}
+    assert all(row.count("x |") == 3 for row in rows.values())  # each variant's ratio to the unfused graph
+    assert not list(real_int8_model_dir.glob(".bench_fusions_*"))
+
+
+def test_an_unknown_variant_is_refused_with_the_known_ones(load_tool, capsys):
+    with pytest.raises(SystemExit):
+        load_tool("bench_fusions").main(["--variants", "unfused,fastest"])
+    assert "'fastest' unknown (known: unfused, rotary, skip_norm, fused)" in capsys.readouterr().err
