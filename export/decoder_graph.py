@@ -94,11 +94,9 @@ tiny model at two optimization levels and 1/2 threads, and the real model;
 Padding rows count too: the onnxruntime backend puts them at the positions right after their
 lane's rows (capped at the trash slot ``S - 1``), which raises ``E`` by at most the
 pass's rows per lane. The ``slots`` form (TensorRT's engines, one fixed shape) reads ``S`` keys.
-Threads. MLAS chunks a GEMM's sums by how it splits the GEMM among threads, so the pass form
-sums the attention in the same chunks in every pass and at any thread count
-(:func:`_exact_attention`): ONNX ``Attention`` (opset 23; one single-threaded GEMM per lane and
-kv head) for float32 heads up to 128 dims, else the matmuls with ``QK^T`` in parts of 128 dims
-and ``PV`` in 16-column blocks.
+Threads. MLAS chunks a GEMM's sums by how it splits the GEMM among threads, so onnxruntime's
+CPU backend runs the attention rewritten to sum in the same chunks in every pass and at any
+thread count (:mod:`sf_trt.graphs.ort_attention`); the graphs here stay opset 17.
 Tried for the copy ScatterND still makes, and dropped: onnxruntime's ``GroupQueryAttention``
 (writes a shared cache buffer, but refuses passes of several lanes with several rows each, and
 its one-row path is not row-exact: MLAS takes another path at M == 1) and opset 23's
@@ -180,17 +178,6 @@ NBITS_WEIGHTS = ("q4", "gguf")
 NBITS_ACCURACY = 4
 """``MatMulNBits``' accuracy level: 4 computes in int8, activations quantized per row and
 block of 32 (onnxruntime's fast CPU path; the int8 export runs the same through its fusion)."""
-
-PV_COLUMNS = 16
-"""The most value columns one ``PV`` GEMM of the pass form's chunked attention computes (MLAS's
-thread alignment: a GEMM this narrow is never split among threads by its columns; see
-:func:`_exact_attention`)."""
-
-
-def pv_columns(head_dim: int) -> int:
-    """The width of the value-column blocks: the largest divisor of ``head_dim`` up to :data:`PV_COLUMNS`."""
-    return max(c for c in range(1, PV_COLUMNS + 1) if head_dim % c == 0)
-
 
 COMPUTE_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 """The ONNX type of the decoder's weights, matmuls and KV cache, by precision."""
@@ -582,8 +569,8 @@ class _Decoder:
 
     def attend(self, q: str, keys: str, values: str, mask: str, p: str) -> str:
         """``softmax(q k^T + mask) v`` over every kv head at once: ``q`` ``[B, nkv, R, hd]``,
-        ``keys``/``values`` ``[B, nkv, S, hd]``; returns ``[B, nkv, R, hd]``. The slots form
-        (TensorRT's) keeps it; :func:`pass_form` computes it one kv head at a time."""
+        ``keys``/``values`` ``[B, nkv, S, hd]``; returns ``[B, nkv, R, hd]`` (onnxruntime's CPU
+        backend runs it as :mod:`sf_trt.graphs.ort_attention` rewrites it)."""
         g = self.g
         scores = g.op("MatMul", [q, g.op("Transpose", [keys], f"{p}_k_t", perm=[0, 1, 3, 2])], f"{p}_scores")  # [B, nkv, R, S]
         scores = self.to_f32(scores, f"{p}_scores")  # mask and softmax in float32
@@ -670,9 +657,6 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
 
     Works on the graph alone (initializers are shared, never copied), so it can
     be applied to a graph loaded without its external data.
-
-    Its attention is rewritten to sum every row in the same chunks in any pass and at any
-    thread count (:func:`_exact_attention`), which lifts it to opset :data:`PASS_OPSET`.
     """
     graph = model.graph
     if "lane_ids" not in {i.name for i in graph.input}:
@@ -693,8 +677,7 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
         new.CopyFrom(node)
         new.input[:] = [renamed.get(name, name) for name in node.input]
         nodes.append(new)
-    nodes = _exact_attention(nodes, {t.name: t for t in graph.initializer})
-    g.node.extend(_lift_opset(out, _live(nodes, [o.name for o in graph.output])))
+    g.node.extend(_live(nodes, [o.name for o in graph.output]))
     used = {name for node in g.node for name in node.input}
     g.initializer.extend(t for t in graph.initializer if t.name in used and t.name != KEY_INDEX)
     for vi in graph.input:
@@ -715,166 +698,14 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-PASS_OPSET = 23
-"""The pass form's opset: ONNX ``Attention`` (onnxruntime's CPU kernel since 1.23)."""
-QK_TERMS = 128
-"""The most terms of one ``QK^T`` dot product per matmul in the chunked form (MLAS's shortest
-key chunk): a wider head is summed in parts of this many dims, added in order."""
-
-
-def _exact_attention(nodes: list[onnx.NodeProto], initializers: dict[str, onnx.TensorProto]) -> list[onnx.NodeProto]:
-    """``nodes`` with each layer's attention (:meth:`_Decoder.attend`: ``MatMul(q, Transpose(K))``,
-    ``Add`` of the mask, ``Softmax``, ``MatMul(probs, V)``) computed so that a row is summed in
-    the same chunks in every pass, lane count and thread count.
-
-    Why: MLAS sums a GEMM's dot products over ``K`` in chunks whose length follows the number
-    of columns one thread computes (256 terms for 64 columns, 1024 for 16, 128 for 128 or
-    more), and splits a GEMM among threads by its columns when it has fewer rows than columns
-    and the threads outnumber the GEMMs of the batch. A decode pass has a few rows per kv head,
-    a prefill or verify pass many, so :meth:`_Decoder.attend`'s batched matmuls summed a row's
-    keys in other chunks depending on the pass once there were more threads than
-    ``lanes * n_kv_heads`` (and ``QK^T`` of a head wider than 128 dims at any thread count,
-    once the key extent passed 256): rows differing in their last bits
-    (tests/backends/test_row_independence.py).
-
-    - float32 heads of at most 128 dims: ONNX ``Attention`` (:func:`_fused_attention`).
-      onnxruntime's CPU kernel runs one single-threaded GEMM per lane and head (threads take
-      whole heads), so no GEMM is ever split. It also adds the mask inside the ``QK^T`` GEMM
-      and runs each head's softmax while its scores are fresh: 1.3x faster than the batched
-      matmuls on a 4k-key prefill, level on decode (docs/benchmarks.md).
-    - otherwise (a ``Cast`` below fp32, or a wider head; :func:`_chunked_attention`): the
-      batched matmuls, ``QK^T`` summed in parts of :data:`QK_TERMS` dims and ``PV`` in blocks of
-      :func:`pv_columns` value columns (a GEMM of at most 16 columns is never split by them).
-    """
-    producer = {o: n for n in nodes for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in nodes:
-        for name in n.input:
-            consumers.setdefault(name, []).append(n)
-
-    def only_consumer(name: str) -> onnx.NodeProto:
-        return consumers[name][0]
-
-    replace: dict[str, list[onnx.NodeProto]] = {}  # a node's name -> the nodes that compute its output instead
-    drop: set[str] = set()
-    shared: dict[str, onnx.NodeProto] = {}
-    for softmax in (n for n in nodes if n.op_type == "Softmax"):
-        add = producer[softmax.input[0]]
-        cast_f32 = producer[add.input[0]] if producer[add.input[0]].op_type == "Cast" else None
-        qk = producer[cast_f32.input[0]] if cast_f32 else producer[add.input[0]]
-        cast_c = only_consumer(softmax.output[0]) if only_consumer(softmax.output[0]).op_type == "Cast" else None
-        pv = only_consumer((cast_c or softmax).output[0])
-        k_t = producer[qk.input[1]]
-        if (add.op_type, qk.op_type, pv.op_type, k_t.op_type) != ("Add", "MatMul", "MatMul", "Transpose"):
-            raise ValueError(f"pass_form: the attention at {softmax.name!r} is not MatMul(q, Transpose(K)) -> Add(mask) -> Softmax -> MatMul(V)")
-        head_dim = _static_dim(initializers, producer, qk.input[0], -1)
-        if cast_f32 is None and cast_c is None and head_dim <= QK_TERMS:
-            core, fused = _fused_attention(add, qk, k_t, pv, softmax)
-            drop.update(n.name for n in core)
-            replace[pv.name] = [fused]
-        else:
-            replace.update(_chunked_attention(qk, pv, head_dim, shared))
-    out: list[onnx.NodeProto] = []
-    for n in nodes:
-        if n.name in replace:
-            out += [*shared.values(), *replace[n.name]] if shared else replace[n.name]  # shared: before the first use
-            shared = {}
-        elif n.name not in drop:
-            out.append(n)
-    return out
-
-
-def _fused_attention(add: onnx.NodeProto, qk: onnx.NodeProto, k_t: onnx.NodeProto, pv: onnx.NodeProto, softmax: onnx.NodeProto) -> tuple[list[onnx.NodeProto], onnx.NodeProto]:
-    """(the matmuls, mask and softmax of one attention; the ONNX ``Attention`` that computes
-    their output instead).
-
-    ``Attention`` takes each kv head's query rows as one head of ``grp * T`` rows (the grouped
-    queries ``[B, nkv, rep*grp*T, hd]`` as :meth:`_Decoder.attend` multiplies them, so
-    ``q_num_heads == kv_num_heads``), the caches ``[B, nkv, E, hd]``, the grouped mask and
-    scale 1 (``cfg.scale`` is in the queries): the same GEMMs as the batched matmuls, each on
-    one thread, and the same rows out."""
-    fused = helper.make_node("Attention", [qk.input[0], k_t.input[0], pv.input[1], add.input[1]], [pv.output[0]], name=pv.name, scale=1.0)
-    return [k_t, qk, add, softmax, pv], fused
-
-
-def _chunked_attention(qk: onnx.NodeProto, pv: onnx.NodeProto, head_dim: int, shared: dict) -> dict[str, list[onnx.NodeProto]]:
-    """The nodes that replace ``qk`` (``QK^T`` in parts of :data:`QK_TERMS` dims, added in
-    order, when the head is wider) and ``pv`` (in blocks of :func:`pv_columns` value columns)."""
-    make = helper.make_node
-    cols = pv_columns(head_dim)
-    shared.setdefault("pass_axis2", _i64_const("pass_axis2", [2]))
-    shared.setdefault("pass_axis_m1", _i64_const("pass_axis_m1", [-1]))
-    shared.setdefault("pass_axis_m2", _i64_const("pass_axis_m2", [-2]))
-    shared.setdefault("pass_v_blocks", _i64_const("pass_v_blocks", [0, 0, -1, head_dim // cols, cols]))
-    shared.setdefault("pass_head_rows", _i64_const("pass_head_rows", [0, 0, -1, head_dim]))
-    replace = {}
-    if head_dim > QK_TERMS:
-        q, k_t = qk.input  # [B, nkv, R, hd], [B, nkv, hd, S]
-        st, parts = qk.name, []
-        for j, lo in enumerate(range(0, head_dim, QK_TERMS)):
-            span = [f"{st}_d{j}_lo", f"{st}_d{j}_hi"]
-            hi = min(lo + QK_TERMS, head_dim)
-            parts += [_i64_const(span[0], [lo]), _i64_const(span[1], [hi])]
-            parts.append(make("Slice", [q, *span, "pass_axis_m1"], [f"{st}_q{j}"], name=f"{st}_q{j}"))
-            parts.append(make("Slice", [k_t, *span, "pass_axis_m2"], [f"{st}_k{j}"], name=f"{st}_k{j}"))
-            parts.append(make("MatMul", [f"{st}_q{j}", f"{st}_k{j}"], [f"{st}_p{j}"], name=f"{st}_p{j}"))
-            if j:  # the parts added in order of their dims
-                out = qk.output[0] if hi == head_dim else f"{st}_s{j}"
-                prev = f"{st}_p0" if j == 1 else f"{st}_s{j - 1}"
-                parts.append(make("Add", [prev, f"{st}_p{j}"], [out], name=out))
-        replace[qk.name] = parts
-    p_in, values = pv.input  # [B, nkv, R, S], [B, nkv, S, hd]
-    st = pv.name
-    replace[pv.name] = [
-        make("Unsqueeze", [p_in, "pass_axis2"], [f"{st}_probs5"], name=f"{st}_probs5"),  # [B, nkv, 1, R, S]
-        make("Reshape", [values, "pass_v_blocks"], [f"{st}_v5"], name=f"{st}_v5"),  # [B, nkv, S, hd/cols, cols]
-        make("Transpose", [f"{st}_v5"], [f"{st}_v_blocks"], name=f"{st}_v_blocks", perm=[0, 1, 3, 2, 4]),  # [B, nkv, hd/cols, S, cols]
-        make("MatMul", [f"{st}_probs5", f"{st}_v_blocks"], [f"{st}_blocks"], name=f"{st}_blocks"),  # [B, nkv, hd/cols, R, cols]
-        make("Transpose", [f"{st}_blocks"], [f"{st}_rows"], name=f"{st}_rows", perm=[0, 1, 3, 2, 4]),  # [B, nkv, R, hd/cols, cols]
-        make("Reshape", [f"{st}_rows", "pass_head_rows"], [pv.output[0]], name=pv.output[0]),  # [B, nkv, R, hd]
-    ]
-    return replace
-
-
-def _static_dim(initializers, producer, name: str, axis: int) -> int:
-    """The static size of axis ``axis`` of tensor ``name``: from the Reshape that made it
-    (its shape an initializer), through a Tile, or from a graph input's declared shape."""
-    node = producer.get(name)
-    while node is not None and node.op_type == "Tile":
-        node = producer.get(node.input[0])
-    if node is not None and node.op_type == "Reshape" and node.input[1] in initializers:
-        return int(onnx.numpy_helper.to_array(initializers[node.input[1]])[axis])
-    raise ValueError(f"pass_form: cannot tell the head size of {name!r} (expected the grouped queries' Reshape)")
-
-
-def _lift_opset(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Lift ``model``'s default domain to :data:`PASS_OPSET`; ``nodes`` as that opset takes them:
-    ``ReduceMean``'s axes an input since opset 18 (the only op of the decoder whose form changed
-    up to 23)."""
-    for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx"):
-            opset.version = max(opset.version, PASS_OPSET)
-    lifted = []
-    for node in nodes:
-        axes = next((a for a in node.attribute if a.name == "axes"), None) if node.op_type == "ReduceMean" else None
-        if axes is not None:
-            lifted.append(_i64_const(f"{node.name}_axes", list(axes.ints)))
-            node.attribute.remove(axes)
-            node.input.append(f"{node.name}_axes")
-        lifted.append(node)
-    return lifted
-
-
-def _i64_const(name: str, value) -> onnx.NodeProto:
-    """A ``Constant`` node of int64 ``value``, its output ``name``."""
-    return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
-
-
 def _key_index_nodes(cache: str) -> list[onnx.NodeProto]:
     """``key_idx = 0 .. E - 1``, ``E`` the length (axis 2) of the cache input ``cache``."""
+    def const(name: str, value) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
+
     make = helper.make_node
     return [
-        _i64_const("pass_zero", 0), _i64_const("pass_one", 1), _i64_const("pass_two", 2),
+        const("pass_zero", 0), const("pass_one", 1), const("pass_two", 2),
         make("Shape", [cache], ["pass_cache_shape"], name="pass_cache_shape"),
         make("Gather", ["pass_cache_shape", "pass_two"], ["key_extent"], name="key_extent", axis=0),  # E
         make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),

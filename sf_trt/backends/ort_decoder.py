@@ -592,14 +592,16 @@ def open_model(
 def loaded_graph(graph: Path, providers: Sequence, config: dict[str, str]):
     """What onnxruntime loads for the decoder ``graph`` (either form) on ``providers``: on the CPU
     alone, the graph in onnxruntime's fused ops (:mod:`sf_trt.graphs.ort_fusions`; fewer kernels a
-    layer, rows as exact), its weights read from the model directory's file (``config`` gains
-    where); on any other provider the graph as written, standard ONNX."""
+    layer, rows as exact) with its attention summed in the same chunks at any thread count
+    (:mod:`sf_trt.graphs.ort_attention`), its weights read from the model directory's file
+    (``config`` gains where); on any other provider the graph as written, standard ONNX."""
     first = providers[0] if isinstance(providers[0], str) else providers[0][0]
     if first != "CPUExecutionProvider":
         return graph
     import onnx
 
+    from ..graphs.ort_attention import exact_attention
     from ..graphs.ort_fusions import onnxruntime_fused
 
     config["session.model_external_initializers_file_folder_path"] = os.fspath(graph.parent)
-    return onnxruntime_fused(onnx.load(os.fspath(graph), load_external_data=False))
+    return exact_attention(onnxruntime_fused(onnx.load(os.fspath(graph), load_external_data=False)))

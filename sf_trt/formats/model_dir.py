@@ -50,7 +50,7 @@ __all__ = [
     "ModelDirError",
 ]
 
-FORMAT_VERSION = 15
+FORMAT_VERSION = 13
 """Bumped whenever a graph or the layout changes: an older directory is rebuilt (5: verify.onnx always
 there; 6: digests of every file, or the exact hash, on two branches; 7: both; 8: the decoder's
 precision, its dim ``rows_per_lane``; 9: the pass form reads keys up to the pass's extent, q4 weights;
@@ -58,9 +58,7 @@ precision, its dim ``rows_per_lane``; 9: the pass form reads keys up to the pass
 windows, local rope base and query scale; ``"gguf"`` (the source) records its ``kind``, gguf or hf;
 12: the pass form reads its bound caches whole, their length the key extent the runtime chose, or
 q4 carries Q4_0 and Q4_K blocks too and requantizes other matrices with zero points, not as Q4_1, on
-two branches; 13: both; 14: a second pass graph, ``PV`` in 16-column blocks (one commit, replaced by 15); 15:
-the pass form at opset 23, its attention ONNX ``Attention`` (float32, heads up to 128 dims) or matmuls summed in
-fixed parts: rows exact at any thread count)."""
+two branches; 13: both)."""
 CONFIG_FILE = "config.json"
 GRAPH_FILE = "decoder.onnx"
 PASS_GRAPH_FILE = "decoder_pass.onnx"

@@ -24,13 +24,13 @@ def prims(tiny_model_dir):
     p.close()
 
 
-@pytest.mark.parametrize("weight_dtype, n_kv_heads", [("float32", 2), ("int8", 2), ("float32", 4)])
-def test_graph_is_plain_onnx_that_tensorrt_parses(weight_dtype, n_kv_heads):
+@pytest.mark.parametrize("cache_inputs, weight_dtype, n_kv_heads", [("pass", "float32", 2), ("slots", "float32", 2), ("slots", "int8", 2), ("slots", "float32", 4)])
+def test_graph_is_plain_onnx_that_tensorrt_parses(cache_inputs, weight_dtype, n_kv_heads):
     from sf_trt.export.trt_support import check_graph, errors_in, format_findings
 
     cfg = tiny_llama_config(n_kv_heads=n_kv_heads)
     weights = random_llama_weights(cfg, 0)
-    model = build_decoder_graph(cfg, weights, max_lanes=2, max_context=64, weight_dtype=weight_dtype)
+    model = build_decoder_graph(cfg, weights, max_lanes=2, max_context=64, cache_inputs=cache_inputs, weight_dtype=weight_dtype)
     onnx.checker.check_model(model)
     assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
     ops = {n.op_type for n in model.graph.node}
@@ -38,21 +38,6 @@ def test_graph_is_plain_onnx_that_tensorrt_parses(weight_dtype, n_kv_heads):
     assert not ops & {"TopK", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "Sin", "Cos"}
     errors = errors_in(check_graph(model))
     assert not errors, format_findings(errors)
-
-
-@pytest.mark.parametrize("overrides, fused", [({}, True), ({"n_kv_heads": 4}, True), ({"head_dim": 256, "n_kv_heads": 1}, False)],
-                         ids=["gqa", "mha", "head-256"])
-def test_the_pass_form_is_opset_23_with_onnx_attention_where_its_sums_are_fixed(overrides, fused):
-    """onnxruntime's pass form: ONNX ``Attention`` per layer for float32 heads up to 128 dims
-    (one single-threaded GEMM per lane and head); wider heads keep the matmuls, summed in parts."""
-    cfg = tiny_llama_config(**overrides)
-    model = build_decoder_graph(cfg, random_llama_weights(cfg, 0), cache_inputs="pass")
-    onnx.checker.check_model(model)
-    assert [(o.domain, o.version) for o in model.opset_import] == [("", 23)]
-    ops = [n.op_type for n in model.graph.node]
-    assert ops.count("Attention") == (cfg.n_layers if fused else 0)
-    assert ops.count("Softmax") == (0 if fused else cfg.n_layers)
-    assert all(not any(a.name == "axes" for a in n.attribute) for n in model.graph.node if n.op_type == "ReduceMean")
 
 
 def test_registry_builds_the_decoder():

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import pytest
 
+VARIANTS = ["unfused", "rotary", "skip_norm", "fused", "attention", "runtime"]
+
 
 @pytest.mark.slow
 def test_every_variant_times_every_case_and_the_graphs_it_wrote_are_removed(real_int8_model_dir, capsys, load_tool):
-    load_tool("bench_fusions").main(["--rounds", "1", "--cases", "decode@200,verify9@200", "--threads", "1"])
+    load_tool("bench_fusions").main(["--rounds", "1", "--cases", "decode@200,verify9@200", "--threads", "1", "--variants", ",".join(VARIANTS)])
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("| case |"))
-    assert [c.split(":")[0] for c in header.strip("| ").split(" | ")[1:5]] == ["unfused", "rotary", "skip_norm", "fused"]
+    assert [c.split(":")[0] for c in header.strip("| ").split(" | ")[1:7]] == list(VARIANTS)
     rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| decode") or line.startswith("| verify")}
     assert set(rows) == {"decode@200", "verify9@200"}
-    assert all(row.count("x |") == 3 for row in rows.values())  # each variant's ratio to the unfused graph
+    assert all(row.count("x |") == len(VARIANTS) - 1 for row in rows.values())  # each variant's ratio to the unfused graph
     assert not list(real_int8_model_dir.glob(".bench_fusions_*"))
 
 
 def test_an_unknown_variant_is_refused_with_the_known_ones(load_tool, capsys):
     with pytest.raises(SystemExit):
         load_tool("bench_fusions").main(["--variants", "unfused,fastest"])
-    assert "'fastest' unknown (known: unfused, rotary, skip_norm, fused)" in capsys.readouterr().err
+    assert "'fastest' unknown (known: unfused, rotary, skip_norm, fused, attention, runtime)" in capsys.readouterr().err
