@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Any
@@ -121,7 +122,8 @@ def _proxy_env() -> None:
 
 def start_ray(args: argparse.Namespace, *, num_cpus: float | None = None, log_to_driver: bool = True):
     """Join ``--ray-address`` or start a local cluster, then start Serve's proxy on
-    ``--host``/``--port``. Returns ``(ray, serve, started_here)``."""
+    ``--host``/``--port`` (``--port 0``: a port free once the cluster's own processes hold
+    theirs, written back into ``args.port``). Returns ``(ray, serve, started_here)``."""
     ray, serve = import_ray()
     _proxy_env()
     started_here = args.ray_address is None
@@ -131,8 +133,17 @@ def start_ray(args: argparse.Namespace, *, num_cpus: float | None = None, log_to
             kwargs["num_cpus"] = num_cpus
         # "local": a new cluster of our own, never one that `ray start` left running here
         ray.init(address=args.ray_address or "local", **kwargs)
+    if not args.port:  # picked now: a port picked before the cluster started could be taken by one of its workers
+        args.port = _free_port(args.host)
     serve.start(http_options={"host": args.host, "port": args.port}, proxy_location="HeadOnly")
     return ray, serve, started_here
+
+
+def _free_port(host: str) -> int:
+    """A port nothing listens on at ``host`` now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def run_serve_ray(args: argparse.Namespace) -> int:

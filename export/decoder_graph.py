@@ -148,6 +148,8 @@ RotaryEmbedding and Reshape, Transpose, Reshape (q), RotaryEmbedding and Reshape
 ScatterND (k, v), FusedMatMul, Add (mask), Softmax, MatMul, Reshape, Transpose, Reshape,
 MatMulNBits (o), SkipSimplifiedLayerNormalization, MatMulNBits (gate|up), Split, QuickGelu, Mul,
 MatMulNBits (down); 30 before (docs/benchmarks.md, "onnxruntime's fused ops in the pass form").
+Then :func:`sf_trt.graphs.ort_attention.exact_attention` makes FusedMatMul, Add, Softmax and
+MatMul one ``Attention`` between two Reshapes (opset 23), whose sums do not depend on the threads.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from ray_serving import (answer, answer_all, bodies, by_replica, deployed, free_port, ray_args, replica_states, same, signal_handlers_kept,
+from ray_serving import (answer, answer_all, bodies, by_replica, deployed, ray_args, replica_states, same, signal_handlers_kept,
                          single_process, wait_until)
 
 from sf_trt.cli import main
@@ -35,7 +35,7 @@ def ray_url():
     from sf_trt.serve.proxy import PROXY_CALLBACK_ENV
 
     before = os.environ.get(PROXY_CALLBACK_ENV)
-    args = argparse.Namespace(host="127.0.0.1", port=free_port(), ray_address=None)
+    args = argparse.Namespace(host="127.0.0.1", port=0, ray_address=None)  # start_ray picks it once the cluster's processes hold theirs
     with signal_handlers_kept():
         t0 = time.monotonic()
         ray, serve, _ = start_ray(args, num_cpus=4, log_to_driver=False)
