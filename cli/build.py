@@ -3,7 +3,7 @@
 Every engine takes one shape (``--max-lanes``, ``--rows-per-lane``, ``--max-context``);
 ``--check`` lists it per graph with the op check. A model directory stands for its
 ``decoder.onnx`` and ``verify.onnx`` (the engines the TensorRT backend opens); its
-pass forms (``decoder_pass.onnx``, ``decoder_pass_blocks.onnx``) are onnxruntime's, named as such and not checked.
+pass form (``decoder_pass.onnx``) is onnxruntime's, named as such and not checked.
 Precision is the graph's own (``sf-trt export --precision``).
 
 Exit codes: 0 all graphs supported (and built); 1 a graph is refused or a build
@@ -121,11 +121,11 @@ def _registry_files(dest: Path, err) -> list[Path]:
 
 def _pass_form_note(model_dir: Path) -> str:
     """Which decoder graph of a model directory each backend gets."""
-    from sf_trt.formats.model_dir import GRAPH_FILE, PASS_BLOCKS_GRAPH_FILE, PASS_GRAPH_FILE
+    from sf_trt.formats.model_dir import GRAPH_FILE, PASS_GRAPH_FILE
     from sf_trt.graphs.ort_fusions import FUSED_OPS
 
-    return (f"{model_dir / PASS_GRAPH_FILE}, {PASS_BLOCKS_GRAPH_FILE}: onnxruntime's decoder (its CPU backend loads it, as "
-            f"{GRAPH_FILE}, in its contrib ops {', '.join(FUSED_OPS)}), not a TensorRT engine; TensorRT builds {model_dir / GRAPH_FILE}")
+    return (f"{model_dir / PASS_GRAPH_FILE}: onnxruntime's decoder (its CPU backend loads it, as {GRAPH_FILE}, in its contrib "
+            f"ops {', '.join(FUSED_OPS)} and its attention as ONNX Attention), not a TensorRT engine; TensorRT builds {model_dir / GRAPH_FILE}")
 
 
 def run_build(args: argparse.Namespace, *, out=None, err=None) -> int:

@@ -100,7 +100,7 @@ WIDE_HEADS = {
 @pytest.fixture(scope="module", params=sorted(WIDE_HEADS))
 def wide_head_model_dir(request, tmp_path_factory):
     """The tiny model with wide heads: wide enough that MLAS's way of summing an attention
-    product depends on how threads split it (``pass_form``'s ``_exact_attention``)."""
+    product depends on how threads split it (``sf_trt.graphs.ort_attention``)."""
     from sf_trt.export.decoder_graph import build_decoder_graph
     from sf_trt.export.pipeline import write_model_dir
     from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
@@ -114,7 +114,7 @@ def test_rows_are_exact_at_any_thread_count_past_the_first_key_chunk(wide_head_m
     """Heads of 64 and 256 dims, keys past 256 (where MLAS's first key chunk ends): a lane
     decoded one row a pass, prefilled in chunks, or packed beside other lanes, gives every row
     the same bits at 1, 2, 4 and 8 threads (64: ONNX ``Attention``; 256: the matmuls summed in
-    parts). Until model-directory format 15 a 1-row pass at more threads than
+    parts). Before onnxruntime's CPU backend ran the attention so, a 1-row pass at more threads than
     ``lanes * n_kv_heads`` summed its keys in other chunks than a prefill pass did, and a
     256-dim head's ``QK^T`` changed its chunks with the key extent."""
     rng = np.random.default_rng(21)

@@ -110,8 +110,9 @@ def test_check_of_a_fresh_export_lists_the_one_shape_of_each_engine(tmp_path, ca
     text = capsys.readouterr().out
     assert "decoder.onnx: ok" in text and "verify.onnx: ok" in text and "decoder_pass.onnx: ok" not in text
     # which decoder each backend gets: onnxruntime's pass form is not built
-    assert (f"{out / 'decoder_pass.onnx'}, decoder_pass_blocks.onnx: onnxruntime's decoder (its CPU backend loads it, as decoder.onnx, in its contrib ops "
-            f"RotaryEmbedding, SkipSimplifiedLayerNormalization), not a TensorRT engine; TensorRT builds {out / 'decoder.onnx'}") in text
+    assert (f"{out / 'decoder_pass.onnx'}: onnxruntime's decoder (its CPU backend loads it, as decoder.onnx, in its contrib ops "
+            f"RotaryEmbedding, SkipSimplifiedLayerNormalization and its attention as ONNX Attention), not a TensorRT engine; "
+            f"TensorRT builds {out / 'decoder.onnx'}") in text
     assert "engine: decoder, fp16, one shape: batch=2 rows_per_lane=3 logit_rows=6 max_lanes=2 cache_len=33" in text
     assert "engine: verify, fp32, one shape: rows=6" in text
     assert "input  float16  [2, 2, 33, 16]" in text  # the KV cache, in the decoder's precision
