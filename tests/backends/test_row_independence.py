@@ -91,9 +91,11 @@ def test_tiny_rows_are_exact_whatever_the_key_extent(tiny_model_dir, schedules, 
         assert np.array_equal(bits(window[lane]), bits(plain[lane])), f"the whole window: lane {lane}"
 
 
-WIDE_HEADS = {
-    "hd64": dict(head_dim=64),  # MLAS chunks a 64-column PV's keys by 256 when one thread computes it, 512 when two split it
-    "hd256": dict(head_dim=256, n_kv_heads=1),  # Gemma 3's width: QK^T itself sums 256 terms
+WIDE_HEADS = {  # name: (config overrides, weights)
+    "hd64": (dict(head_dim=64), "float32"),  # MLAS chunks a 64-column PV's keys by 256 when one thread computes it, 512 when two split it
+    "hd64-int8": (dict(head_dim=64), "int8"),
+    "hd64-q4": (dict(head_dim=64), "q4"),
+    "hd256": (dict(head_dim=256, n_kv_heads=1), "float32"),  # Gemma 3's width: QK^T itself sums 256 terms
 }
 
 
@@ -105,13 +107,15 @@ def wide_head_model_dir(request, tmp_path_factory):
     from sf_trt.export.pipeline import write_model_dir
     from sf_trt.export.tiny import random_llama_weights, tiny_llama_config
 
-    cfg = tiny_llama_config(**WIDE_HEADS[request.param])
-    return write_model_dir(tmp_path_factory.mktemp(request.param) / "model", cfg, build_decoder_graph(cfg, random_llama_weights(cfg, seed=3)))
+    overrides, weights = WIDE_HEADS[request.param]
+    cfg = tiny_llama_config(**overrides)
+    graph = build_decoder_graph(cfg, random_llama_weights(cfg, seed=3), weight_dtype=weights)
+    return write_model_dir(tmp_path_factory.mktemp(request.param) / "model", cfg, graph, weight_dtype=weights)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4, 8])
 def test_rows_are_exact_at_any_thread_count_past_the_first_key_chunk(wide_head_model_dir, schedules, threads):
-    """Heads of 64 and 256 dims, keys past 256 (where MLAS's first key chunk ends): a lane
+    """Heads of 64 (float32, int8 and q4 weights) and 256 dims, keys past 256 (where MLAS's first key chunk ends): a lane
     decoded one row a pass, prefilled in chunks, or packed beside other lanes, gives every row
     the same bits at 1, 2, 4 and 8 threads (64: ONNX ``Attention``; 256: the matmuls summed in
     parts). Before onnxruntime's CPU backend ran the attention so, a 1-row pass at more threads than
