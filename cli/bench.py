@@ -178,16 +178,29 @@ def bench(args) -> dict:
             "spec": {**_rates(spec), "proposed": spec.proposed, "accepted": spec.accepted, "passes": spec.passes},
         })
     total = {label: sum(len(r.tokens) for r in results) / secs for label, (results, secs) in runs.items()}
-    decode = {label: sum(max(0, len(r.tokens) - 1) for r in results) / max(1e-9, secs - prefill_s) for label, (results, secs) in runs.items()}
+    decode = {label: _decode_rate(sum(max(0, len(r.tokens) - 1) for r in results), secs, prefill_s) for label, (results, secs) in runs.items()}
     return {
         "results": out,
         "throughput_tokens_per_s": {k: round(v, 2) for k, v in total.items()},
-        "decode_tokens_per_s": {k: round(v, 2) for k, v in decode.items()},
+        "decode_tokens_per_s": {k: None if v is None else round(v, 2) for k, v in decode.items()},
         "prefill_seconds": round(prefill_s, 3),
         "settings": {"lanes": args.lanes, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                      "seed": args.seed, "threads": args.threads, "max_draft": args.max_draft, "draft_policy": args.draft_policy, "backend": args.backend,
                      "weights": model.model_dir.weights, "max_context": max_context},
     }
+
+
+DECODE_SHARE_MIN = 0.1
+"""The least share of a run's time that must be left once its prefill is taken out for the
+decode-only rate to be given (the two are timed in separate runs: on a run that is nearly all
+prefill their difference is noise, and its rate absurd)."""
+
+
+def _decode_rate(tokens: int, run_s: float, prefill_s: float) -> float | None:
+    """Tokens after each request's first over the run's time less its prefill's; None where that
+    leaves under :data:`DECODE_SHARE_MIN` of the run."""
+    decode_s = run_s - prefill_s
+    return tokens / decode_s if decode_s > DECODE_SHARE_MIN * run_s else None
 
 
 def _rates(res) -> dict:
@@ -209,8 +222,9 @@ def cmd_bench(args) -> int:
             print(f"{r['id']:<22} {r['prompt_tokens']:>6} {p['tokens_per_s']:>11.1f} {s['tokens_per_s']:>10.1f} {speedup:>7.2f}x "
                   f"{s['accepted']:>5}/{s['proposed']:<6} {'yes' if r['identical'] else 'NO':>9}")
         t, d = report["throughput_tokens_per_s"], report["decode_tokens_per_s"]
+        rate = {k: "n/a (the run is nearly all prefill: raise --max-tokens)" if v is None else f"{v:.1f} tok/s" for k, v in d.items()}
         print(f"throughput over all prompts ({args.lanes} lane(s)): plain {t['plain']:.1f} tok/s, spec {t['spec']:.1f} tok/s; "
-              f"decode only (less {report['prefill_seconds']:.2f} s of prefill): plain {d['plain']:.1f} tok/s, spec {d['spec']:.1f} tok/s")
+              f"decode only (less {report['prefill_seconds']:.2f} s of prefill): plain {rate['plain']}, spec {rate['spec']}")
     bad = [r["id"] for r in report["results"] if not r["identical"]]
     if bad:
         print(f"sf-trt: speculative output differs from plain on {', '.join(bad)}", file=sys.stderr)

@@ -239,9 +239,13 @@ def lanes_step(size: str, models: Models, args, work: Path, timeout: float) -> d
         runs[str(lanes)] = sf_bench(args, prompts, extra + ["--lanes", str(lanes)], timeout / 2)
     one, many = runs["1"]["throughput_tokens_per_s"]["plain"], runs[str(LANES)]["throughput_tokens_per_s"]["plain"]
     return {"status": "ok", "runs": runs, "lanes": LANES, "ratio_plain": many / one if one else None,
-            "ratio_plain_decode": (runs[str(LANES)]["decode_tokens_per_s"]["plain"] / runs["1"]["decode_tokens_per_s"]["plain"]
-                                   if runs["1"]["decode_tokens_per_s"]["plain"] else None),
+            "ratio_plain_decode": _ratio(runs[str(LANES)]["decode_tokens_per_s"]["plain"], runs["1"]["decode_tokens_per_s"]["plain"]),
             "sf_trt_spin": bench_peers.sf_trt_spins()}
+
+
+def _ratio(many: float | None, one: float | None) -> float | None:
+    """``many / one`` where both rates are given (``sf-trt bench`` gives none for a run that is nearly all prefill)."""
+    return many / one if isinstance(many, (int, float)) and isinstance(one, (int, float)) and one else None
 
 
 def memory_step(models: Models, args, timeout: float) -> dict[str, Any]:

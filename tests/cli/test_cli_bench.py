@@ -64,3 +64,13 @@ def test_every_line_is_checked_before_any_model_is_loaded_or_prompt_run(tmp_path
     err = capsys.readouterr()
     assert err.out == "" and err.err.strip().splitlines()[-1] == (
         f"sf-trt: {prompts}:4 (id long): prompt: 90 tokens leave no room in the model's context of 64")
+
+
+def test_the_decode_only_rate_is_left_out_where_the_run_is_nearly_all_prefill():
+    """The run and its prefill are timed apart: where little or nothing is left after taking the
+    prefill out, their difference is noise, and no rate is given (``null``, printed "n/a")."""
+    from sf_trt.cli.bench import DECODE_SHARE_MIN, _decode_rate
+
+    assert _decode_rate(10, 1.0, 0.5) == pytest.approx(20.0)
+    assert _decode_rate(10, 1.0, 1.0 - DECODE_SHARE_MIN) is None
+    assert _decode_rate(10, 1.0, 1.2) is None
