@@ -100,7 +100,8 @@ thread count (:mod:`sf_trt.graphs.ort_attention`); the graphs here stay opset 17
 Tried for the copy ScatterND still makes, and dropped: onnxruntime's ``GroupQueryAttention``
 (writes a shared cache buffer, but refuses passes of several lanes with several rows each, and
 its one-row path is not row-exact: MLAS takes another path at M == 1) and opset 23's
-``Attention`` (bit-identical, not faster).
+``Attention`` (bit-identical, and it reads the scattered copy too; onnxruntime's CPU backend runs
+it now for the reason under *Threads*).
 
 Weights (``weight_dtype``): ``"float32"`` (the GGUF dequantized), ``"int8"`` (per-channel
 int8, ``DequantizeLinear``) or ``"q4"``: every layer matrix in 4 bits per block of 32 in
