@@ -165,6 +165,7 @@ from sf_trt.formats.model_dir import (
     CACHE_INPUTS, INPUTS, OUTPUTS, PASS_OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
 )
 from sf_trt.graphs.builder import GraphBuilder
+from sf_trt.graphs.ort_fusions import constant_node as _const
 from sf_trt.graphs.ort_fusions import live_nodes as _live
 from sf_trt.graphs.ranges import declare_ranges
 
@@ -703,12 +704,9 @@ def pass_form(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _key_index_nodes(cache: str) -> list[onnx.NodeProto]:
     """``key_idx = 0 .. E - 1``, ``E`` the length (axis 2) of the cache input ``cache``."""
-    def const(name: str, value) -> onnx.NodeProto:
-        return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))
-
     make = helper.make_node
     return [
-        const("pass_zero", 0), const("pass_one", 1), const("pass_two", 2),
+        _const("pass_zero", 0), _const("pass_one", 1), _const("pass_two", 2),
         make("Shape", [cache], ["pass_cache_shape"], name="pass_cache_shape"),
         make("Gather", ["pass_cache_shape", "pass_two"], ["key_extent"], name="key_extent", axis=0),  # E
         make("Range", ["pass_zero", "key_extent", "pass_one"], [KEY_INDEX], name=KEY_INDEX),

@@ -34,27 +34,22 @@ def schedules_for(s) -> dict:
 
 def assert_rows_exact(prims, sched) -> None:
     """Every schedule of :func:`schedules_for` gives each lane's rows the bits of plain decoding (one row a pass)."""
-    plain = sched.run(prims, sched.plain())
-    failures = []
-    for name, schedule in schedules_for(sched).items():
-        got = sched.run(prims, schedule)
-        for lane in sched.seqs:
-            n = len(got[lane])
-            if not np.array_equal(bits(got[lane]), bits(plain[lane][:n])):
-                bad = int(np.any(bits(got[lane]) != bits(plain[lane][:n]), axis=1).sum())
-                failures.append(f"{name}: lane {lane}, {bad} rows differ (max {np.abs(got[lane] - plain[lane][:n]).max():.3g})")
-    assert not failures, "\n".join(failures)
+    assert_schedules_exact(prims, sched, schedules_for(sched))
 
 
 def assert_schedules_exact(prims, sched, schedules: dict, label: str = "") -> dict:
     """Each of ``schedules`` (name -> schedule) gives each lane's rows the bits of plain decoding
-    (one row a pass); returns the plain rows. ``label`` heads each failure."""
+    (one row a pass); returns the plain rows. Every failure is listed, ``label`` before each."""
     plain = sched.run(prims, sched.plain())
+    failures = []
     for name, schedule in schedules.items():
         got = sched.run(prims, schedule)
         for lane in sched.seqs:
-            n_bad = int(np.any(bits(got[lane]) != bits(plain[lane]), axis=1).sum())
-            assert n_bad == 0, f"{label}{name}: lane {lane}, {n_bad} of {len(got[lane])} rows differ"
+            n = len(got[lane])
+            bad = np.any(bits(got[lane]) != bits(plain[lane][:n]), axis=1)
+            if bad.any():
+                failures.append(f"{label}{name}: lane {lane}, {int(bad.sum())} of {n} rows differ (max {np.abs(got[lane] - plain[lane][:n]).max():.3g})")
+    assert not failures, "\n".join(failures)
     return plain
 
 

@@ -30,9 +30,10 @@ The rewritten graph is opset :data:`ATTENTION_OPSET` (``ReduceMean`` takes its a
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 from onnx import helper
+
+from .ort_fusions import constant_node
 
 __all__ = ["exact_attention", "ATTENTION_OPSET", "QK_TERMS", "PV_COLUMNS", "pv_columns"]
 
@@ -116,8 +117,8 @@ def _fused(queries: str, keys: str, values: str, mask: str, pv: onnx.NodeProto, 
     alone, and every head's ``R / c`` rows are the same positions."""
     make = helper.make_node
     for node in (
-        _i64_const("attn_one", [1]), _i64_const("attn_zero", [0]), _i64_const("attn_minus_one", [-1]),
-        _i64_const("attn_n_kv", [n_kv]), _i64_const("attn_head_dim", [head_dim]), _i64_const("attn_out_shape", [0, n_kv, -1, head_dim]),
+        constant_node("attn_one", [1]), constant_node("attn_zero", [0]), constant_node("attn_minus_one", [-1]),
+        constant_node("attn_n_kv", [n_kv]), constant_node("attn_head_dim", [head_dim]), constant_node("attn_out_shape", [0, n_kv, -1, head_dim]),
         make("Shape", ["input_ids"], ["attn_t"], name="attn_t", start=1, end=2),  # T
         make("Shape", [queries], ["attn_r"], name="attn_r", start=2, end=3),  # R (every layer's)
         make("Div", ["attn_r", "attn_t"], ["attn_r_over_t"], name="attn_r_over_t"),
@@ -126,7 +127,7 @@ def _fused(queries: str, keys: str, values: str, mask: str, pv: onnx.NodeProto, 
         make("Mul", ["attn_n_kv", "attn_heads_per_kv"], ["attn_q_heads"], name="attn_q_heads"),
         make("Concat", ["attn_zero", "attn_q_heads", "attn_minus_one", "attn_head_dim"], ["attn_q_shape"], name="attn_q_shape", axis=0),
         make("Div", ["attn_r", "attn_heads_per_kv"], ["attn_head_rows"], name="attn_head_rows"),  # R / c
-        _i64_const("attn_axis2", [2]),
+        constant_node("attn_axis2", [2]),
         make("Slice", [mask, "attn_zero", "attn_head_rows", "attn_axis2"], [f"attn_{mask}_heads"], name=f"attn_{mask}_heads"),  # [B, 1, R / c, E]
     ):
         shared.setdefault(node.output[0], node)
@@ -145,7 +146,7 @@ def _chunked(qk: onnx.NodeProto, pv: onnx.NodeProto, head_dim: int, shared: dict
     cols = pv_columns(head_dim)
     for name, value in (("attn_axis2", [2]), ("attn_axis_m1", [-1]), ("attn_axis_m2", [-2]),
                         ("attn_v_blocks", [0, 0, -1, head_dim // cols, cols]), ("attn_head_rows", [0, 0, -1, head_dim])):
-        shared.setdefault(name, _i64_const(name, value))
+        shared.setdefault(name, constant_node(name, value))
     replace = {}
     if head_dim > QK_TERMS:
         q, k_t = qk.input  # [B, nkv, R, hd], [B, nkv, hd, S]
@@ -153,7 +154,7 @@ def _chunked(qk: onnx.NodeProto, pv: onnx.NodeProto, head_dim: int, shared: dict
         for j, lo in enumerate(range(0, head_dim, QK_TERMS)):
             hi = min(lo + QK_TERMS, head_dim)
             span = [f"{st}_d{j}_lo", f"{st}_d{j}_hi"]
-            parts += [_i64_const(span[0], [lo]), _i64_const(span[1], [hi])]
+            parts += [constant_node(span[0], [lo]), constant_node(span[1], [hi])]
             parts.append(make("Slice", [q, *span, "attn_axis_m1"], [f"{st}_q{j}"], name=f"{st}_q{j}"))
             parts.append(make("Slice", [k_t, *span, "attn_axis_m2"], [f"{st}_k{j}"], name=f"{st}_k{j}"))
             parts.append(make("MatMul", [f"{st}_q{j}", f"{st}_k{j}"], [f"{st}_p{j}"], name=f"{st}_p{j}"))
@@ -198,13 +199,8 @@ def _lifted(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list[onnx.No
     for node in nodes:
         axes = next((a for a in node.attribute if a.name == "axes"), None) if node.op_type == "ReduceMean" else None
         if axes is not None:
-            lifted.append(_i64_const(f"{node.name}_axes", list(axes.ints)))
+            lifted.append(constant_node(f"{node.name}_axes", list(axes.ints)))
             node.attribute.remove(axes)
             node.input.append(f"{node.name}_axes")
         lifted.append(node)
     return lifted
-
-
-def _i64_const(name: str, value) -> onnx.NodeProto:
-    """A ``Constant`` node of int64 ``value``, its output ``name``."""
-    return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value, np.int64), name))

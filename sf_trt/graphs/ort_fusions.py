@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["onnxruntime_fused", "live_nodes", "MS_DOMAIN", "FUSED_OPS"]
+__all__ = ["onnxruntime_fused", "live_nodes", "constant_node", "MS_DOMAIN", "FUSED_OPS"]
 
 MS_DOMAIN = "com.microsoft"
 """onnxruntime's contrib domain."""
@@ -126,8 +126,10 @@ def _scalar(inits: dict[str, onnx.TensorProto], name: str) -> np.ndarray | None:
     return onnx.numpy_helper.to_array(t)
 
 
-def _const(name: str, value: np.ndarray) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(np.asarray(value), name))
+def constant_node(name: str, value) -> onnx.NodeProto:
+    """A ``Constant`` node of ``value`` (an array, or a list of int64), its output ``name``."""
+    array = value if isinstance(value, np.ndarray) else np.asarray(value, np.int64)
+    return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(array, name))
 
 
 def _fuse_rotary(graph: _NodeIndex, inits: dict[str, onnx.TensorProto]) -> None:
@@ -143,8 +145,8 @@ def _fuse_rotary(graph: _NodeIndex, inits: dict[str, onnx.TensorProto]) -> None:
     q_scale, k_scale = np.unique(head_scale[:nh]), np.unique(head_scale[nh:])
     if len(q_scale) != 1 or k_scale.tolist() != [1.0]:
         return
-    first = [_const("rot_split", np.array([nh * hd, nkv * hd, nkv * hd], np.int64)),
-             _const("rot_shape_q", np.array([0, 0, nh, hd], np.int64))]
+    first = [constant_node("rot_split", np.array([nh * hd, nkv * hd, nkv * hd], np.int64)),
+             constant_node("rot_shape_q", np.array([0, 0, nh, hd], np.int64))]
     tables: dict[tuple[str, str], tuple[str, ...]] = {}
     for add in [n for n in graph.order if n.op_type == "Add"]:
         found = _rotation(graph, add)
@@ -211,9 +213,9 @@ def _rotary_tables(nodes: list[onnx.NodeProto], tables: tuple[str, str], hd: int
     cos, sin = tables
     p = f"rot{n}"
     nodes += [
-        _const(f"{p}_starts_c", np.array([0], np.int64)), _const(f"{p}_starts_s", np.array([1], np.int64)),
-        _const(f"{p}_ends", np.array([hd], np.int64)), _const(f"{p}_axes", np.array([1], np.int64)),
-        _const(f"{p}_steps", np.array([2], np.int64)), _const(f"{p}_q_scale", np.array(q_scale, np.float32)),
+        constant_node(f"{p}_starts_c", np.array([0], np.int64)), constant_node(f"{p}_starts_s", np.array([1], np.int64)),
+        constant_node(f"{p}_ends", np.array([hd], np.int64)), constant_node(f"{p}_axes", np.array([1], np.int64)),
+        constant_node(f"{p}_steps", np.array([2], np.int64)), constant_node(f"{p}_q_scale", np.array(q_scale, np.float32)),
         helper.make_node("Slice", [cos, f"{p}_starts_c", f"{p}_ends", f"{p}_axes", f"{p}_steps"], [f"{p}_cos_k"], name=f"{p}_cos_k"),
         helper.make_node("Slice", [sin, f"{p}_starts_s", f"{p}_ends", f"{p}_axes", f"{p}_steps"], [f"{p}_sin_k"], name=f"{p}_sin_k"),
         helper.make_node("Mul", [f"{p}_cos_k", f"{p}_q_scale"], [f"{p}_cos_q"], name=f"{p}_cos_q"),

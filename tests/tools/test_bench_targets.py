@@ -122,3 +122,10 @@ def test_run_refuses_an_sf_trt_command_that_is_not_there_naming_it(load_tool, tm
     bt = load_tool("bench_targets")
     assert bt.main(["run", "--sf-trt-cmd", str(tmp_path / "no-sf-trt"), "--steps", "bandwidth", "--json", str(tmp_path / "t.json")]) == 2
     assert "no-sf-trt" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
+
+
+def test_a_lanes_ratio_is_none_where_sf_trt_bench_gave_no_decode_only_rate(load_tool):
+    """``sf-trt bench`` gives ``null`` for a run that is nearly all prefill: no ratio, no TypeError."""
+    ratio = load_tool("bench_targets")._ratio
+    assert ratio(10.0, 5.0) == 2.0
+    assert ratio(None, 5.0) is None and ratio(10.0, None) is None and ratio(10.0, 0.0) is None
