@@ -9,6 +9,7 @@ within ``--drain-timeout`` (then ends them with an error) and exits 0.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -72,6 +73,9 @@ def add_serve_parsers(sub: Any) -> None:
                    f"default {ServeConfig.max_draft}")
     s.add_argument("--tick-tokens", type=ranged(int, 1, 4096, what="tokens per tick in 1..4096"), default=serving.tick_tokens,
                    help=f"tokens each lane is asked for per engine tick: smaller streams sooner, larger ticks less (default {serving.tick_tokens})")
+    s.add_argument("--first-token-tick", action=argparse.BooleanOptionalAction, default=serving.first_token_tick,
+                   help="while a request's first token is due, the tick is one pass without drafts for every lane, so that token streams "
+                   "one pass after its prompt's prefill instead of --tick-tokens passes after (default: on)")
     policy = serving.policy
     s.add_argument("--spec-row-budget", type=ranged(int, 1, 4096, what="rows >= 1"), default=policy.row_budget,
                    help="load-aware drafting: rows per pass speculation may fill; each of B lanes drafts at most "

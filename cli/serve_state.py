@@ -22,7 +22,7 @@ def serve_config(args: argparse.Namespace, *, max_queued: Optional[int] = None) 
     from sf_trt.scheduler import LoadAwareDrafting, SchedulerConfig
 
     scheduler = SchedulerConfig.serving(
-        tick_tokens=args.tick_tokens, prefill_budget=args.prefill_budget, draft_config=PromptLookupConfig(max_draft=args.max_draft),
+        tick_tokens=args.tick_tokens, prefill_budget=args.prefill_budget, first_token_tick=args.first_token_tick, draft_config=PromptLookupConfig(max_draft=args.max_draft),
         policy=LoadAwareDrafting(row_budget=args.spec_row_budget, row_cost=args.spec_row_cost, min_acceptance=args.spec_min_acceptance),
     )
     loop = LoopConfig(

@@ -294,11 +294,12 @@ def test_scheduler_config_states_each_default_once_and_the_two_paths_read_it():
     from sf_trt.drafting import PromptLookupConfig
     from sf_trt.engine_loop import EngineLoop, LoopConfig
     from sf_trt.scheduler import SchedulerConfig
-    from sf_trt.scheduler.config import SERVING_PREFILL_BUDGET, SERVING_TICK_TOKENS
+    from sf_trt.scheduler.config import SERVING_FIRST_TOKEN_TICK, SERVING_PREFILL_BUDGET, SERVING_TICK_TOKENS
 
     batch, serving = SchedulerConfig(), SchedulerConfig.serving()
-    assert (batch.tick_tokens, batch.prefill_chunk, batch.prefill_budget) == (16, 256, None)
-    assert (serving.tick_tokens, serving.prefill_chunk, serving.prefill_budget) == (SERVING_TICK_TOKENS, 256, SERVING_PREFILL_BUDGET)
+    assert (batch.tick_tokens, batch.prefill_chunk, batch.prefill_budget, batch.first_token_tick) == (16, 256, None, False)
+    assert (serving.tick_tokens, serving.prefill_chunk, serving.prefill_budget, serving.first_token_tick) == (
+        SERVING_TICK_TOKENS, 256, SERVING_PREFILL_BUDGET, SERVING_FIRST_TOKEN_TICK)
     assert isinstance(batch.policy, LoadAwareDrafting) and isinstance(serving.policy, LoadAwareDrafting)
     assert Generator(FakePrimitives(CFG)).scheduler.config == batch
     assert EngineLoop(FakePrimitives(CFG)).scheduler.config == serving == LoopConfig().scheduler
@@ -318,3 +319,36 @@ def test_scheduler_config_refuses_bad_settings_naming_them(field, value):
         SchedulerConfig(**{field: value})
     assert err.value.status == Status.BAD_ARGUMENT
     assert str(err.value) == f"SchedulerConfig: {field} must be an int >= 1 (got {value!r})"
+    with pytest.raises(StatusError, match=r"SchedulerConfig: first_token_tick must be a bool \(got 1\)"):
+        SchedulerConfig(first_token_tick=1)
+
+
+@SETTINGS
+@given(prompts=st.lists(texts, min_size=1, max_size=6), sampled=st.booleans(), speculate=st.booleans(),
+       arrivals=st.lists(st.integers(0, 3), min_size=1, max_size=6), budget=st.sampled_from([None, 5, 16]))
+def test_first_token_tick_reports_each_first_token_one_pass_after_its_prefill_and_changes_no_token(prompts, sampled, speculate, arrivals, budget):
+    """With ``first_token_tick``, a request's first token comes alone, in an update whose tick ran
+    that lane one pass. Requests arriving while others decode (0-3 before each step; more than the
+    4 lanes: some wait) emit exactly the tokens they emit without it."""
+    from sf_trt.scheduler import SchedulerConfig
+
+    reqs = [request(t, sampled=sampled, speculate=speculate) for t in prompts]
+    outs = {}
+    for first_tick in (False, True):
+        config = SchedulerConfig(tick_tokens=6, prefill_chunk=4, prefill_budget=budget, policy=DraftPolicy(), first_token_tick=first_tick)
+        sched = Generator(FakePrimitives(CFG), config, tokenizer=TOK).scheduler
+        seqs, firsts, steps = [], {}, 0
+        while len(seqs) < len(reqs) or sched.has_work:
+            arriving = arrivals[steps % len(arrivals)] or (0 if sched.has_work else 1)
+            for r in reqs[len(seqs) : len(seqs) + arriving]:
+                seqs.append(sched.add(r, seq_id=len(seqs)))
+            passes_before = [s.passes for s in seqs]
+            for u in sched.step():
+                i = seqs.index(u.seq)
+                if u.tokens and i not in firsts:
+                    firsts[i] = (len(u.tokens), u.seq.passes - passes_before[i])
+            steps += 1
+        outs[first_tick] = [(s.tokens, s.finish) for s in seqs]
+        if first_tick:
+            assert set(firsts.values()) == {(1, 1)}, firsts
+    assert outs[True] == outs[False]

@@ -29,6 +29,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ort_ops import kernel_us_by_op  # noqa: E402
+
 DECODE_1 = (1000, 96)
 """One lane: prompt length, then decode steps (crossing position 1024: the arrays grow once)."""
 DECODE_8 = (8, 500, 48)
@@ -264,15 +268,9 @@ def _op_shares(p, rows, threads: int | None, passes: int = 5) -> dict[str, float
     """onnxruntime's profile of ``passes`` passes over ``rows``: kernel ms per pass, and each op
     type's share of it (%), largest first."""
     import tempfile
-    from collections import Counter
 
     with tempfile.TemporaryDirectory() as tmp:
-        profile = p.profile_passes(rows, passes, str(Path(tmp) / "ops"), threads=threads)
-        events = json.loads(profile.read_text())
-    kernel = Counter()
-    for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            kernel[e["args"]["op_name"]] += e["dur"]
+        kernel = kernel_us_by_op(p.profile_passes(rows, passes, str(Path(tmp) / "ops"), threads=threads))
     total = sum(kernel.values())
     return {"kernel_ms": total / passes / 1000, **{op: 100 * us / total for op, us in kernel.most_common()}}
 

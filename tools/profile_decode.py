@@ -24,10 +24,15 @@ import io
 import json
 import os
 import pstats
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ort_ops import kernel_us_by_op  # noqa: E402
 
 PROMPTS = Path(__file__).with_name("prompts") / "bench.jsonl"
 OP_PROFILE_PASSES = 10
@@ -144,12 +149,7 @@ def _op_profile(prims, threads: int, lanes: int, window: int, position: int) -> 
     with tempfile.TemporaryDirectory() as tmp:
         slots = np.arange(lanes, dtype=np.int64)
         rows = Rows(slots, np.full(lanes, position, np.int64), np.ones(lanes, np.int64), slots.copy())
-        events = json.loads(prims.profile_passes(rows, OP_PROFILE_PASSES, str(Path(tmp) / "ops"), threads=threads).read_text())
-    micros: dict[str, float] = {}
-    for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            op = e["args"]["op_name"]
-            micros[op] = micros.get(op, 0.0) + e["dur"]
+        micros = kernel_us_by_op(prims.profile_passes(rows, OP_PROFILE_PASSES, str(Path(tmp) / "ops"), threads=threads))
     total = sum(micros.values())
     return {"lanes": lanes, "position": position, "passes": OP_PROFILE_PASSES,
             "kernel_ms_per_pass": round(total / OP_PROFILE_PASSES / 1e3, 3),

@@ -8,7 +8,9 @@ One :meth:`Scheduler.step` reads like this::
                the longest prefix the executor's prefix cache holds for it; prefill
                prompt chunks (per lane ``prefill_chunk``, per tick ``prefill_budget``)
                beside the lanes that decode ``tick_tokens`` each, with the draft
-               cap the drafting policy sets for the tick
+               cap the drafting policy sets for the tick (``first_token_tick``,
+               serving: while a lane's first token is due, one pass without drafts
+               for every lane, so that token streams as soon as it is drawn)
     tick       Executor.tick(plan)
     apply      each lane's new tokens through its sequence: stop token ids and stop
                strings cut the output at the token that completes them; text and

@@ -171,6 +171,13 @@ class Scheduler:
                 plan.release(seq.seq_id)  # scored: the prefill's emit carries the prompt logprobs
             elif seq.decoding:
                 decoding.append(seq)
+        if self.config.first_token_tick and any(seq.first_token_at is None for seq in decoding):
+            # a first token is due: a tick of one pass without drafts, so it streams as soon as it is
+            # drawn, not after the tick_tokens passes of the tick its prompt's prefill ended in
+            for seq in decoding:
+                seq.may_draft = False
+                plan.decode(seq.seq_id, 1, max_draft=0)
+            return plan
         asks = self.policy.plan(decoding, self.config.tick_tokens)
         for seq in decoding:
             n, max_draft = asks.get(seq.seq_id, (self.config.tick_tokens, None))

@@ -141,3 +141,13 @@ def test_the_prefix_cache_flag_reaches_the_engine_and_a_backend_that_cannot_hold
         engine = serving.server_state(config)[1]()[0]
     assert engine.executor.prefix_cache is None
     assert "no prefix cache: FakePrimitives cannot save or load its state (--prefix-cache-mb 8 ignored)" in caplog.text
+
+
+def test_the_first_token_tick_flag_reaches_the_scheduler():
+    """--first-token-tick is on by default (the serving profile's), --no-first-token-tick turns it off."""
+    from sf_trt.cli import build_parser
+    from sf_trt.cli.serve_state import serve_config
+
+    for flags, want in (([], True), (["--no-first-token-tick"], False), (["--first-token-tick"], True)):
+        config = serve_config(build_parser().parse_args(["serve", "--backend", "fake", *flags]))
+        assert config.loop.scheduler.first_token_tick is want, flags

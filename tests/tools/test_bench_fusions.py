@@ -23,3 +23,16 @@ def test_an_unknown_variant_is_refused_with_the_known_ones(load_tool, capsys):
     with pytest.raises(SystemExit):
         load_tool("bench_fusions").main(["--variants", "unfused,fastest"])
     assert "'fastest' unknown (known: unfused, rotary, skip_norm, fused, attention, runtime)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ops_profiles_each_case_and_variant_with_the_attention_and_weight_rates(real_int8_model_dir, capsys, load_tool):
+    load_tool("bench_fusions").main(["--rounds", "1", "--cases", "decode@200", "--threads", "1", "--variants", "unfused,runtime", "--ops"])
+    out = capsys.readouterr().out
+    assert "numpy's float32 SGEMM (2048^3) here: " in out
+    rows = {tuple(line.split(" | ")[:2]): line.split(" | ") for line in out.splitlines() if line.startswith("| decode@200 | ")}
+    unfused, runtime = rows[("| decode@200", "unfused")], rows[("| decode@200", "runtime")]
+    assert unfused[3] == "-" and runtime[3] != "-"  # the attention's rate where it is one op
+    for cells in (unfused, runtime):
+        assert float(cells[2]) > 0 and float(cells[4].split(" (")[1].rstrip(")")) > 0  # kernel ms, the weight matmuls' GFLOP/s
+    assert not list(real_int8_model_dir.glob(".bench_fusions_*"))
