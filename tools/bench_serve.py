@@ -11,6 +11,13 @@ on the same prompts. Greedy, the bench prompts, each request seeded.
 Prints a table: output tok/s of the server plain and speculative, their ratio, the
 bench's plain and speculative tok/s, and server / bench. Every loadtest also runs
 its own checks (usage vs /metrics, no errors); a failed check fails the script.
+
+``--ab-flag FLAG`` compares two servers instead, side by side at each concurrency: one
+given FLAG, one without it (speculation as the server's default; ``--repeats`` loadtests
+on each, alternating which goes first), and prints each one's median and p90 time to first
+token and output tok/s:
+
+    python tools/bench_serve.py --ab-flag=--no-first-token-tick --concurrency 1,4 --repeats 3 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -97,8 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="plain/speculative runs per concurrency, alternating")
     ap.add_argument("--no-bench", action="store_true", help="skip `sf-trt bench`")
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra flag for `sf-trt serve` (repeatable)")
+    ap.add_argument("--ab-flag", default=None, metavar="FLAG", help="compare a server with FLAG against one without (module docstring)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.ab_flag:
+        return ab(args)
     rows = []
     print(f"load: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     for c in [int(x) for x in args.concurrency.split(",")]:
@@ -134,6 +144,42 @@ def main(argv=None) -> int:
         print(f"| {r['concurrency']} | {r['server_plain_tok_s']} | {r['server_spec_tok_s']} | {r['spec_over_plain']} | {b} |")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "settings": vars(args) | {"prompts": str(args.prompts), "json": str(args.json)}}, indent=2) + "\n")
+    return 0
+
+
+def ab(args) -> int:
+    """``--ab-flag``: the two servers side by side at each concurrency (module docstring)."""
+    rows = []
+    load = [os.getloadavg()[0]]
+    for c in [int(x) for x in args.concurrency.split(",")]:
+        procs, urls = {}, {}
+        try:
+            for side, extra in (("with", [args.ab_flag]), ("without", [])):
+                procs[side], urls[side] = start_server(c, args.max_context, [*args.serve_flag, *extra])
+                loadtest(urls[side], args, c, "prompt-lookup")  # warm up
+            reports = {side: [] for side in urls}
+            for r in range(args.repeats):
+                for side in (("with", "without") if r % 2 == 0 else ("without", "with")):
+                    reports[side].append(loadtest(urls[side], args, c, "prompt-lookup"))
+        finally:
+            for proc in procs.values():
+                stop_server(proc)
+        row = {"concurrency": c}
+        for side, rs in reports.items():
+            for key in ("median_ttft_ms", "p90_ttft_ms", "output_throughput"):
+                row[f"{side}_{key}"] = round(sum(r[key] for r in rs) / len(rs), 1)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    load.append(os.getloadavg()[0])
+    print(f"`sf-trt serve` with `{args.ab_flag}` and without; load average {load[0]:.2f} before, {load[1]:.2f} after; "
+          f"{args.repeats} loadtests each per concurrency, max(C, {args.min_requests}) requests of {args.max_tokens} tokens, greedy, prompt lookup")
+    print("| C | median TTFT with / without (ms) | p90 TTFT with / without (ms) | output tok/s with / without |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['concurrency']} | {r['with_median_ttft_ms']} / {r['without_median_ttft_ms']} | {r['with_p90_ttft_ms']} / {r['without_p90_ttft_ms']} "
+              f"| {r['with_output_throughput']} / {r['without_output_throughput']} |")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "load": load, "settings": vars(args) | {"prompts": str(args.prompts), "json": str(args.json)}},
+                                        indent=2) + "\n")
     return 0
 
 
