@@ -29,7 +29,9 @@ each: a large model's run fits in minutes this way). Beside the measured ratio o
 turn's time to first token over the first's, the script prints the ratio the model's
 arithmetic predicts (:func:`predicted_cost`): each new row costs its matmuls plus attention
 over the keys before it, so with the cache the last turn's floor is above 1x by as much as
-attention over the whole context weighs against the weights.
+attention over the whole context weighs against the weights. It counts every FLOP alike; on a
+CPU the attention's run in float32 and the weights' in int8, about twice as fast a FLOP
+(``tools/bench_fusions.py --ops`` measures both rates), so the measured ratio sits above it.
 
     python tools/synthetic_gguf.py /tmp/tinyllama.gguf --shape tinyllama-1.1b --context 8192
     python tools/bench_prefix_cache.py --gguf /tmp/tinyllama.gguf --token-prompts --context 4096 --turns 8 --max-tokens 16 --off-turns 1,8 --alone-only
@@ -406,7 +408,8 @@ def main(argv=None) -> int:
                 print(f"| {i + 1} | {prompt[i]:.0f} | {cached[i]:.0f} | {ttft_on[i]:.2f} | {off if off != '-' else '- | -'} "
                       f"| {flops_on[i] / 1e9:.4g} | {flops_off[i] / 1e9:.4g} |")
             print(f"last turn / first turn: {ttft_on[-1] / ttft_on[0]:.2f} on, {ttft_off[-1] / ttft_off[0]:.2f} off; "
-                  f"the arithmetic predicts {flops_on[-1] / flops_on[0]:.2f} on, {flops_off[-1] / flops_off[0]:.2f} off")
+                  f"the arithmetic predicts {flops_on[-1] / flops_on[0]:.2f} on, {flops_off[-1] / flops_off[0]:.2f} off "
+                  "(every FLOP alike; bench_fusions.py --ops: the rates of the attention's and the weights' here)")
     print("\n| cache | mixed load: output tok/s | its wall time (s) | peak RSS (MiB) |\n|---|---|---|---|")
     for name, r in runs.items():
         loaded = r["concurrent"] or {"output_tok_s": float("nan"), "wall_s": float("nan")}
