@@ -66,11 +66,14 @@ def prompt_ids(tok, *, prompt=None, chat=None, messages=None, ids=None) -> list[
     return tok.encode(prompt)
 
 
-def generator(prims, args):
-    """The Generator the flags configure (draft length, tokens per tick)."""
+def generator(prims, args, *, first_token_tick: bool = False):
+    """The Generator the flags configure (draft length, tokens per tick); ``first_token_tick``:
+    the first token in a tick of its own (streaming to a terminal: it shows one pass after the prefill)."""
+    import dataclasses
+
     from sf_trt.generate import Generator
 
-    return Generator(prims, scheduler_config(args))
+    return Generator(prims, dataclasses.replace(scheduler_config(args), first_token_tick=first_token_tick))
 
 
 def cmd_generate(args) -> int:
@@ -88,7 +91,7 @@ def cmd_generate(args) -> int:
         note(f"{limit} leaves room for {window - len(ids)} tokens after the {len(ids)}-token prompt; "
              "the output stops there (finish \"context\")")
     prims = open_backend(args, model, max_lanes=1, max_context=window)
-    gen = generator(prims, args)
+    gen = generator(prims, args, first_token_tick=not args.json)  # streamed: the first token as soon as it is drawn
     speculate = args.speculate != "none"
     request = Request(ids, mode, params, seed=args.seed, speculate=speculate, drafter=args.speculate if speculate else "prompt-lookup")
     stream = tok.stream(skip_special=True)

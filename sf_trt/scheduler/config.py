@@ -14,7 +14,7 @@ setting               batch (``SchedulerConfig()``)  serving (``SchedulerConfig.
 ====================  =====================  =========================================
 
 The batch profile is the Generator's, ``sf_trt.LLM``'s and ``sf-trt generate`` /
-``bench``'s; the serving profile is the engine loop's (``sf-trt serve``). Neither
+``bench``'s (``sf-trt generate`` turns ``first_token_tick`` on when it streams); the serving profile is the engine loop's (``sf-trt serve``). Neither
 changes a token: they decide when a lane runs and how much it is asked for.
 """
 

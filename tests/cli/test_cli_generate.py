@@ -87,6 +87,24 @@ def test_generate_json_is_the_same_with_and_without_speculation():
 
 
 @pytest.mark.slow
+def test_streamed_generate_gives_its_first_token_a_tick_of_its_own_and_the_json_run_s_text():
+    """Streamed to a terminal, `sf-trt generate` reports its first token one pass after the
+    prefill (the scheduler's first_token_tick); what it prints is the --json run's text."""
+    from sf_trt.cli import build_parser
+    from sf_trt.cli.generate import generator
+    from sf_trt.fake import FakeConfig, FakePrimitives
+
+    args = build_parser().parse_args(["generate", "--chat", "hi"])
+    prims = FakePrimitives(FakeConfig(vocab=257, eos=256, max_lanes=1, max_context=64))
+    assert generator(prims, args, first_token_tick=True).scheduler.config.first_token_tick
+    assert not generator(prims, args).scheduler.config.first_token_tick  # bench's: the batch profile as is
+    prompt = ["--prompt", "one two three four one two three four one two", "--max-tokens", "24", "--seed", "5"]
+    streamed = sf_trt("generate", *prompt, check=True).stdout
+    plain = json.loads(sf_trt("generate", *prompt, "--json", check=True).stdout)
+    assert streamed == plain["text"] + "\n"
+
+
+@pytest.mark.slow
 def test_generate_with_penalties_is_the_same_with_and_without_speculation_and_not_the_unpenalised_text():
     prompt = ["--prompt", "one two three four one two three four one two", "--max-tokens", "24", "--seed", "5", "--json"]
     penalties = ["--presence-penalty", "1.0", "--frequency-penalty", "0.5", "--repetition-penalty", "1.3", "--min-tokens", "20"]
