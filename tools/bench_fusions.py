@@ -105,7 +105,7 @@ def _write_variants(model_dir: Path, variants: list[str]) -> dict[str, Path]:
 
 def _run(args, model_dir: Path, files: dict[str, Path], cases: list[str]) -> None:
     from sf_trt.backends.ort_session import open_session
-    from sf_trt.formats.model_dir import ModelDir, cache_names
+    from sf_trt.formats.model_dir import ModelDir
 
     model = ModelDir.open(model_dir)
     cfg = model.config
