@@ -256,23 +256,34 @@ def test_autoscaling_goes_from_one_replica_to_two_under_load_and_back(ray_url):
 
 @pytest.mark.slow
 def test_two_replicas_of_the_real_model_answer_8_concurrent_seeded_requests_as_one_process_does(ray_url, real_int8_model_dir):
-    """Each replica resolves the default model through the cache lock and loads its own engine."""
+    """Each replica resolves the default model through the cache lock and loads its own engine.
+
+    Each request names a ``user`` whose replica (rendezvous hashing of its key) is chosen so that
+    four go to each: without one, Ray's router sends a request to the less loaded of two replicas
+    as its sampled queue lengths say, and a burst of 8 may all land on one (it did, in CI)."""
+    from sf_trt.cli.ray_router import rendezvous_order
+    from sf_trt.serve.proxy import routing_key
+
     args = parse_ray_flags(["--replicas", "2", "--max-num-seqs", "4", "--max-context", "512"])
     prompts = ["Rewrite with type hints: def add(a, b): return a + b", "List three colours.",
                "Repeat after me: alpha beta gamma delta, alpha beta gamma delta.", "Summarize: the cat sat on the mat all day."]
     reqs = [{"messages": [{"role": "user", "content": prompts[i % 4]}], "max_tokens": 24, "seed": 40 + i, "stream": i % 2 == 1,
              "temperature": 0.0 if i < 4 else 0.9, "sf_trt": {"return_token_ids": True, "speculate": "none" if i % 3 == 0 else "prompt-lookup"}}
             for i in range(8)]
-    with single_process(args) as plain:
+    with single_process(args) as plain:  # without a user: a user scopes the caches, never changes a token
         want = asyncio.run(answer_all(plain, reqs, concurrency=8, timeout_s=120))
     t0 = time.monotonic()
     with deployed(args):
         print(f"2 replicas of the real model up in {time.monotonic() - t0:.1f}s")
+        wait_until(lambda: len(by_replica(ray_url, "sf_trt:num_requests_running")) == 2, 30, "both replicas in /metrics")
+        replicas = sorted(by_replica(ray_url, "sf_trt:num_requests_running"))
+        candidates = (f"user-{k}" for k in range(10_000))
+        for i, body in enumerate(reqs):  # requests 0, 2, 4, 6 to one replica, 1, 3, 5, 7 to the other
+            body["user"] = next(u for u in candidates if rendezvous_order(routing_key(u), replicas)[0] == replicas[i % 2])
         got = asyncio.run(answer_all(ray_url, reqs, concurrency=8, timeout_s=120))
         assert [g["status"] for g in got] == [200] * 8 and all("error" not in g for g in got), got
         assert [g["tokens"] for g in got] == [w["tokens"] for w in want]
         assert all(same(g, w) for g, w in zip(got, want))
-        served = by_replica(ray_url, "sf_trt:request_success_total")
-        wait_until(lambda: sum(served.update(by_replica(ray_url, "sf_trt:request_success_total")) or served.values()) == 8, 15,
-                   "both replicas' counts in /metrics")
-        assert len(served) == 2 and min(served.values()) > 0, served
+        served: dict[str, float] = {}
+        wait_until(lambda: (served.update(by_replica(ray_url, "sf_trt:request_success_total")) or served) == dict.fromkeys(replicas, 4.0), 15,
+                   "four requests served by each replica in /metrics")
