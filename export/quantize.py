@@ -75,7 +75,8 @@ class NBitsMatrix:
     number of steps: Q4_1's ``m``, Q4_K's mins) the graph adds as each block's input sum times
     ``offset`` (``MatMulNBits`` takes a non-integer offset only as a float zero point, which
     sends onnxruntime's CPU kernel to a path that dequantizes the whole matrix on every run:
-    measured 30x slower when this export was built)."""
+    measured 30x slower when this export was built, 200x and not row-exact on onnxruntime 1.32:
+    ``tools/bench_nbits_zero_points.py``)."""
 
     bits: int
     q: np.ndarray
