@@ -169,6 +169,7 @@ def run_one(cfg: FakeConfig = CFG, **request) -> list:
 
 REFUSALS = {
     "generator tick tokens 0": lambda: Generator(FakePrimitives(CFG), tick_tokens=0),
+    "generator first token tick not a bool": lambda: Generator(FakePrimitives(CFG), first_token_tick=1),
     "generator draft config of no kind": lambda: Generator(FakePrimitives(CFG), draft_config={"max_draft": 4}),
     "generator request drafter unknown": lambda: run_one(drafter="eagle"),
     "generator request drafter not a name": lambda: run_one(drafter=3),
