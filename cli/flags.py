@@ -64,9 +64,11 @@ def add_model_flags(p: argparse.ArgumentParser, extra_backends: Optional[dict[st
                    "path, where a pass reads every weight; int8 otherwise, and for the default model), int8 (per-channel "
                    "int8 weights, onnxruntime's 8-bit kernels), float32 "
                    "(the GGUF dequantized as it is) or q4 (4 bits per block of 32 in onnxruntime's MatMulNBits: the GGUF's "
-                   "own Q4_0, Q4_1 and Q4_K blocks as they are, other matrices requantized) or gguf (each matrix in its own "
-                   "GGUF blocks, no value changed: 4 bits where they are Q4_*, else 8 bits; F16/F32 in Q8_0); q4 and gguf "
-                   "run on onnxruntime only; speculative == plain under each")
+                   "own Q4_0, Q4_1 and Q4_K blocks as they are, other matrices requantized) or int4 (every matrix requantized "
+                   "to 4 bits with a zero point per block of 32, 4-bit blocks and the lm_head included: onnxruntime-genai's "
+                   "int4, the fewest bytes a token, values rounded a second time) or gguf (each matrix in its own "
+                   "GGUF blocks, no value changed: 4 bits where they are Q4_*, else 8 bits; F16/F32 in Q8_0); q4, int4 and "
+                   "gguf run on onnxruntime only; speculative == plain under each")
     g.add_argument("--max-context", type=ranged(int, 2, what="a context of >= 2 positions"), default=None,
                    help="positions per lane: prompt plus output, at most the model's context (default: the longest "
                    f"prompt plus its max tokens, rounded up to a multiple of {CONTEXT_STEP} and capped at the model's "

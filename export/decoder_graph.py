@@ -114,7 +114,10 @@ takes as an input. The embedding and lm_head are Q8_0 blocks (the GGUF's own, or
 Q8_0; an 8-bit ``MatMulNBits``). ``"gguf"``: the same, but each matrix in its own GGUF blocks
 with no value changed (:func:`~sf_trt.export.quantize.gguf_bits`): 4 bits where every part of
 it is Q4_0, Q4_1 or Q4_K, else 8 bits (Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 exactly; Q6_K in
-blocks of 16; F16/F32 quantized to Q8_0). A q4 or gguf graph runs on onnxruntime only.
+blocks of 16; F16/F32 quantized to Q8_0). ``"int4"``: every matrix requantized to 4 bits with a
+uint8 zero point per block, the GGUF's own 4-bit blocks and the lm_head (untied from a tied embedding)
+included, so no matrix has offsets (onnxruntime-genai's int4 form); the embedding a Q8_0 table as with
+q4. A q4, int4 or gguf graph runs on onnxruntime only.
 
 Rotary convention: the GGUF q/k rows are in llama.cpp's interleaved order (see
 :mod:`sf_trt.export.gguf_llama`), so each adjacent pair ``(2i, 2i+1)`` is rotated:
@@ -162,7 +165,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from sf_trt.formats.model_dir import (
-    CACHE_INPUTS, INPUTS, OUTPUTS, PASS_OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig, cache_names,
+    CACHE_INPUTS, INPUTS, NBITS_WEIGHT_DTYPES, OUTPUTS, PASS_OUTPUTS, PRECISION_KEY, PRECISIONS, WEIGHT_DTYPES, LlamaConfig,
+    cache_names,
 )
 from sf_trt.graphs.builder import GraphBuilder
 from sf_trt.graphs.ort_fusions import constant_node as _const
@@ -171,13 +175,13 @@ from sf_trt.graphs.ranges import declare_ranges
 
 from .families import BIAS_OF, family
 from .gguf_llama import LlamaLayerWeights, LlamaWeights
-from .quantize import BLOCK, Q4_HEAD_KIND, NBitsMatrix, blocks_for, four_bit, gguf_bits, quantize_int8
+from .quantize import BLOCK, Q4_HEAD_KIND, NBitsMatrix, blocks_for, nbits_for, output_bits, quantize_int8
 
 __all__ = ["build_decoder_graph", "pass_form", "rope_tables", "inverse_frequencies", "COMPUTE_TYPES"]
 
 MS_DOMAIN = "com.microsoft"
 """onnxruntime's contrib domain: ``MatMulNBits`` of the q4 export (an onnxruntime-only graph)."""
-NBITS_WEIGHTS = ("q4", "gguf")
+NBITS_WEIGHTS = NBITS_WEIGHT_DTYPES
 """The weight choices held in ``MatMulNBits`` (onnxruntime-only graphs)."""
 NBITS_ACCURACY = 4
 """``MatMulNBits``' accuracy level: 4 computes in int8, activations quantized per row and
@@ -370,8 +374,7 @@ class _Decoder:
         bias = _bias(layer, fields)
         plain = bias is None and post_norm is None
         if self.weight_dtype in NBITS_WEIGHTS:
-            held = four_bit if self.weight_dtype == "q4" else gguf_bits
-            matrix = held(self.weights, [f"layers.{i}.{f}" for f in fields], [getattr(layer, f) for f in fields])
+            matrix = nbits_for(self.weight_dtype)(self.weights, [f"layers.{i}.{f}" for f in fields], [getattr(layer, f) for f in fields])
             y = self.nbits(x, name, matrix, residual if plain else None)
             if plain:
                 return y
@@ -592,13 +595,13 @@ class _Decoder:
         if self.ct != TensorProto.FLOAT:
             logits, out = "logits_c", "logits"  # the lm_head in C, the logits cast to float32
         if self.weight_dtype in NBITS_WEIGHTS:
-            if weights.lm_head is None:  # tied: the embedding's Q8_0 blocks
+            head = output_bits(weights, self.weight_dtype)
+            if head is None:  # tied: the embedding's Q8_0 blocks
                 n, k = cfg.vocab, cfg.hidden
                 g.named("MatMulNBits", [hn, "tok_embd.q8", "tok_embd.scale"], logits, domain=MS_DOMAIN, K=k, N=n, bits=8,
                         block_size=BLOCK, accuracy_level=NBITS_ACCURACY)
             else:
-                out_rows = self.nbits(hn, "lm_head", blocks_for(weights, ["lm_head"], weights.lm_head, Q4_HEAD_KIND).nbits())
-                g.named("Identity", [out_rows], logits)
+                g.named("Identity", [self.nbits(hn, "lm_head", head)], logits)
         elif self.weight_dtype == "int8":
             g.named("MatMul", [hn, self.matrix("lm_head", weights.output_matrix())], logits)
         elif weights.lm_head is None:

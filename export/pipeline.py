@@ -25,7 +25,7 @@ from typing import Any, Callable
 from sf_trt.formats.files import check_writable_dir, removed_on_signal, replace_dir, sha256_file, sweep_stale, temp_path
 from sf_trt.formats.model_dir import (
     CONFIG_FILE, DATA_FILE, DEFAULT_PRECISION, DEFAULT_WEIGHTS, FORMAT_VERSION, GRAPH_FILE, INPUTS, OUTPUTS, PADDING_POSITION,
-    PASS_GRAPH_FILE, PRECISIONS,
+    NBITS_WEIGHT_DTYPES, PASS_GRAPH_FILE, PRECISIONS,
     VERIFY_FILE, WEIGHT_DTYPES, LlamaConfig, ModelDir, ModelDirError, config_digest, graph_precision,
     made_by_export,
 )
@@ -60,14 +60,14 @@ class ExportError(ModelDirError):
 
 
 def check_weight_dtype(cfg: LlamaConfig, weight_dtype: str) -> None:
-    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4 and gguf keep each layer
+    """:class:`ExportError` when ``weight_dtype`` cannot hold ``cfg``'s matrices: q4, int4 and gguf keep each layer
     matrix's input dim in blocks of 32 (hidden, heads x head dim, ffn); the error names each matrix
     that does not divide, its shape ``[out, in]`` and the block."""
     from .families import GGUF_LAYER_NAMES, family
     from .gguf_llama import layer_shapes
     from .quantize import BLOCK
 
-    if weight_dtype not in ("q4", "gguf"):
+    if weight_dtype not in NBITS_WEIGHT_DTYPES:
         return
     shapes = layer_shapes(cfg)
     mats = [f for f in family(cfg.arch).layer_fields if f.startswith("w")]
@@ -158,6 +158,10 @@ def export_model_dir(
     say(f"reading {gguf_path}")
     cfg, weights, tok, source = read_source(gguf_path)
     check_weight_dtype(cfg, weight_dtype)
+    rounded = sorted({kind for kind, _ in weights.blocks.values() if kind in _FOUR_BIT_TYPES}) if weight_dtype == "int4" else []
+    if rounded:
+        say(f"--weights int4 requantizes the file's {', '.join(rounded)} blocks too, rounding their values a second time "
+            "(--weights gguf keeps them as they are; tools/q4_error.py --weights int4 measures by how much)")
     say(f"building the decoder graph ({cfg.arch}, {cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab}, {precision})")
     def build(data_file: Path) -> Any:  # weights written as the graph is built (streamed from the source)
         return build_decoder_graph(cfg, weights, weight_dtype=weight_dtype, precision=precision, external_data=data_file)

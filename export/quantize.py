@@ -16,7 +16,9 @@ checkpoint's weights) ``weights="q4"`` requantizes from its float32 values (:fun
 4 bits per block of 32, asymmetric, a uint8 zero point), so each matrix is one ``MatMulNBits``.
 ``tools/q4_error.py`` prints, per GGUF type, how far that holds a file's matrices from its values.
 ``weights="gguf"`` changes no value instead (:func:`gguf_bits`): the 5-, 6- and 8-bit blocks in
-8 bits (:func:`eight_bit`), a fused matrix widened to 8 bits where any part is.
+8 bits (:func:`eight_bit`), a fused matrix widened to 8 bits where any part is. ``weights="int4"``
+requantizes every matrix, 4-bit blocks and the lm_head included (:func:`int4_bits`): onnxruntime-genai's
+int4 form, the fewest bytes a token and no offsets to apply, at the cost of a second rounding.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .gguf_llama import LlamaWeights
 
 __all__ = [
     "quantize_int8", "int8_weights", "GgmlBlocks", "NBitsMatrix", "BLOCK", "CARRIED_KINDS", "four_bit",
-    "requantize_4bit", "requantization_error", "q4_weights", "eight_bit", "gguf_bits",
+    "requantize_4bit", "requantization_error", "q4_weights", "eight_bit", "gguf_bits", "int4_bits", "nbits_for", "output_bits",
 ]
 
 BLOCK = 32
@@ -357,42 +359,73 @@ def four_bit(weights: LlamaWeights, keys: list[str], parts: list[np.ndarray]) ->
     return NBitsMatrix.concat(out)
 
 
-def requantization_error(weights: LlamaWeights, layers: int | None = None) -> dict[str, tuple[bool, float, float, float]]:
+def int4_bits(weights: LlamaWeights, keys: list[str], parts: list[np.ndarray]) -> NBitsMatrix:
+    """The matrices ``keys`` (float32 ``parts``, their values) stacked by output, every part
+    requantized (:func:`requantize_4bit`), whatever blocks the GGUF holds it in (``weights="int4"``:
+    4-bit blocks too, so no matrix has offsets)."""
+    del weights, keys  # every part from its values alike
+    return NBitsMatrix.concat([requantize_4bit(w) for w in parts])
+
+
+def nbits_for(weight_dtype: str):
+    """How the ``weight_dtype`` export holds a layer matrix: :func:`four_bit` (q4), :func:`int4_bits`
+    (int4) or :func:`gguf_bits` (gguf)."""
+    return {"q4": four_bit, "int4": int4_bits, "gguf": gguf_bits}[weight_dtype]
+
+
+def requantization_error(
+    weights: LlamaWeights, layers: int | None = None, weight_dtype: str = "q4",
+) -> dict[str, tuple[bool, float, float, float]]:
     """Per layer matrix of ``weights`` (the first ``layers``): ``(carried, max abs error, RMS error,
-    RMS of the weights)`` of the values ``weights="q4"`` computes with against the float32 values
-    (a GGUF's dequantized blocks). Carried blocks (Q4_0, Q4_1, Q4_K) differ only by float32
-    rounding; the rest are requantized (:func:`requantize_4bit`)."""
+    RMS of the weights)`` of the values ``weights=weight_dtype`` (q4 or int4) computes with against
+    the float32 values (a GGUF's dequantized blocks). Under q4 carried blocks (Q4_0, Q4_1, Q4_K)
+    differ only by float32 rounding and the rest are requantized (:func:`requantize_4bit`); under
+    int4 every matrix is."""
+    held = nbits_for(weight_dtype)
     report = {}
     for i, layer in enumerate(weights.layers[:layers]):
         for m in _MATS:
             key = f"layers.{i}.{m}"
             w = np.asarray(getattr(layer, m), dtype=np.float32)
             found = weights.blocks.get(key)
-            err = four_bit(weights, [key], [w]).dequantize().astype(np.float64) - w
+            err = held(weights, [key], [w]).dequantize().astype(np.float64) - w
             report[key] = (
-                found is not None and CARRIED_KINDS.get(found[0]) == 4, float(np.abs(err).max()),
+                weight_dtype == "q4" and found is not None and CARRIED_KINDS.get(found[0]) == 4, float(np.abs(err).max()),
                 float(np.sqrt(np.mean(err * err))), float(np.sqrt(np.mean(np.square(w, dtype=np.float64)))),
             )
     return report
 
 
 Q4_HEAD_KIND = "Q8_0"
-"""The ``weights="q4"`` export: every layer matrix in 4 bits (:func:`four_bit`); the token
-embedding and the lm_head in Q8_0 blocks."""
+"""The ``weights="q4"`` and ``"gguf"`` exports: every layer matrix in 4 bits (:func:`four_bit`) or
+its own blocks (:func:`gguf_bits`); the token embedding and the lm_head in Q8_0 blocks. ``"int4"``
+keeps the embedding's Q8_0 table and requantizes the lm_head to 4 bits (:func:`output_bits`)."""
 _MATS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
+def output_bits(weights: LlamaWeights, weight_dtype: str) -> NBitsMatrix | None:
+    """The lm_head as its own ``MatMulNBits`` matrix: requantized to 4 bits with int4 weights (from
+    the embedding's values when tied); the lm_head's Q8_0 blocks otherwise; None for a tied lm_head
+    outside int4 (it multiplies by the embedding's Q8_0 table)."""
+    if weight_dtype == "int4":
+        return requantize_4bit(weights.output_matrix())
+    if weights.lm_head is None:
+        return None
+    return blocks_for(weights, ["lm_head"], weights.lm_head, Q4_HEAD_KIND).nbits()
+
+
 def q4_weights(weights: LlamaWeights, weight_dtype: str = "q4") -> LlamaWeights:
-    """The float32 weights the ``weight_dtype="q4"`` (or ``"gguf"``) graph computes with (as
-    :func:`int8_weights` for int8): each layer matrix its 4-bit values (:func:`four_bit`; with
-    ``"gguf"``, its own blocks' values, :func:`gguf_bits`), the embedding and the lm_head their
-    Q8_0 blocks' values; for a GGUF that stores them so, its own dequantized weights (up to
+    """The float32 weights the ``weight_dtype="q4"`` (or ``"gguf"``, ``"int4"``) graph computes with
+    (as :func:`int8_weights` for int8): each layer matrix its 4-bit values (:func:`four_bit`; with
+    ``"gguf"``, its own blocks' values, :func:`gguf_bits`; with ``"int4"``, its values requantized,
+    :func:`int4_bits`), the embedding and the lm_head their Q8_0 blocks' values (int4: the lm_head's
+    4-bit values, untied); for a GGUF that stores them so, its own dequantized weights (up to
     float32 rounding of the offsets)."""
-    held = four_bit if weight_dtype == "q4" else gguf_bits
+    held = nbits_for(weight_dtype)
     layers = [
         dataclasses.replace(layer, **{m: held(weights, [f"layers.{i}.{m}"], [getattr(layer, m)]).dequantize() for m in _MATS})
         for i, layer in enumerate(weights.layers)
     ]
     embd = blocks_for(weights, ["tok_embd"], weights.tok_embd, Q4_HEAD_KIND).dequantize()
-    head = None if weights.lm_head is None else blocks_for(weights, ["lm_head"], weights.lm_head, Q4_HEAD_KIND).dequantize()
-    return dataclasses.replace(weights, tok_embd=embd, layers=layers, lm_head=head, blocks={})
+    head = output_bits(weights, weight_dtype)
+    return dataclasses.replace(weights, tok_embd=embd, layers=layers, lm_head=None if head is None else head.dequantize(), blocks={})

@@ -461,7 +461,7 @@ ONNXRUNTIME_ONLY: dict[tuple[str, str], tuple[str, str]] = {
     ("com.microsoft", "MatMulNBits"): (
         "onnxruntime-only (MatMulNBits is a contrib op); export int8, fp16 or bf16 for TensorRT",
         "a default-domain MatMul: `sf-trt export --weights int8` (or `--weights float32 --precision fp16|bf16`); "
-        "a q4 or gguf model directory runs on onnxruntime only",
+        "a q4, int4 or gguf model directory runs on onnxruntime only",
     ),
     **{("com.microsoft", op): (
         f"onnxruntime-only ({op} is a contrib op onnxruntime's CPU backend fuses the decoder into as it loads it)",

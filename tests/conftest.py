@@ -219,6 +219,12 @@ def tiny_mixed_q4_model_dir(tiny_mixed_q4, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_mixed_int4_model_dir(tiny_mixed_q4, tmp_path_factory):
+    """:func:`tiny_mixed_q4` exported with int4 weights: its Q4_0, Q4_1 and Q4_K blocks requantized too."""
+    return _export_tiny(tmp_path_factory, "tinymixedint4", *tiny_mixed_q4, weight_dtype="int4")
+
+
+@pytest.fixture(scope="session")
 def tiny_fp16_model_dir(tiny, tmp_path_factory):
     """The tiny model exported with fp16 compute (weights, matmuls and KV cache in float16)."""
     from sf_trt.export.decoder_graph import build_decoder_graph
@@ -267,6 +273,14 @@ def real_int8_model_dir(real_gguf):
     from sf_trt.export.pipeline import default_model_dir
 
     return default_model_dir(progress=False, weight_dtype="int8")
+
+
+@pytest.fixture(scope="session")
+def real_int4_model_dir(real_gguf):
+    """The real model exported with int4 weights: every matrix requantized, its 49152-row lm_head too."""
+    from sf_trt.export.pipeline import default_model_dir
+
+    return default_model_dir(progress=False, weight_dtype="int4")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 Through the whole stack: tokenizer and chat template, the Generator's continuous
 batching, the Executor's drafts and rollbacks, the onnxruntime decoder and the
-verify-and-sample graph. Float32, int8 and q4 weights; lanes sharing passes; every
+verify-and-sample graph. Float32, int8, q4 and int4 weights; lanes sharing passes; every
 drafter kind, the suffix drafter also from a corpus of the same requests.
 """
 
@@ -36,9 +36,9 @@ SAMPLINGS = {
 }
 
 
-@pytest.fixture(scope="module", params=["float32", "int8", "q4"])
+@pytest.fixture(scope="module", params=["float32", "int8", "q4", "int4"])
 def prims(request):
-    model_dir = request.getfixturevalue({"float32": "real_model_dir", "int8": "real_int8_model_dir", "q4": "real_q4_model_dir"}[request.param])
+    model_dir = request.getfixturevalue(f"real_{request.param}_model_dir" if request.param != "float32" else "real_model_dir")
     with OrtDecoderPrimitives(model_dir, max_lanes=3, max_context=256, threads=2) as p:
         yield p
 

@@ -536,13 +536,20 @@ def machine_bandwidth(threads: int, mib: int) -> dict[str, Any]:
 
 def onnx_bytes_per_token(model: Path) -> dict[str, Any]:
     """The initializer bytes one decode pass of the ONNX graph ``model`` reads: every initializer but the
-    tables only gathered from (an embedding, rotary tables: a pass reads a row of each)."""
+    tables only gathered from (an embedding, its block scales, rotary tables: a pass reads a row of
+    each), directly or through a Reshape."""
     import onnx
     from onnx import helper
 
     graph = onnx.load(str(model), load_external_data=False).graph
-    gathered = {n.input[0] for n in graph.node if n.op_type in ("Gather", "GatherBlockQuantized")}
-    used_otherwise = {i for n in graph.node for k, i in enumerate(n.input) if not (k == 0 and n.op_type in ("Gather", "GatherBlockQuantized"))}
+    gathers = ("Gather", "GatherBlockQuantized")
+    reshaped = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Reshape"}  # a table reshaped, then gathered
+    gathered = {reshaped.get(n.input[0], n.input[0]) for n in graph.node if n.op_type in gathers}
+    gathered_via = {n.input[0] for n in graph.node if n.op_type in gathers}
+    used_otherwise = {
+        i for n in graph.node for k, i in enumerate(n.input)
+        if not (k == 0 and n.op_type in gathers) and not (k == 0 and n.op_type == "Reshape" and n.output[0] in gathered_via)
+    }
     read = tables = 0
     for init in graph.initializer:
         length = {e.key: e.value for e in init.external_data}.get("length")

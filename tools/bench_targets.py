@@ -28,6 +28,9 @@ short keeps what it measured:
 * ``bandwidth``: the triad alone (tools/bench_peers.py's), for the record; the fractions come from
   each peers step's own probe, right after its runs.
 
+sf_trt's exports: at 135M the default model's int8 unless ``--sf-135m-model DIR``; at 1.1B
+``--peers-dir``/1b/sf-WEIGHTS (``--sf-1b-weights``, default int8) unless ``--sf-1b-model DIR``.
+
 Each step runs in its own process with a time limit (``--step-timeout``, default 3 × its estimate),
 so a step that hangs is cut off and reported, and the next one runs. Where an engine or a model
 is missing the step says so and goes on without it. ``table`` reads that JSON and prints the
@@ -103,11 +106,17 @@ class Models:
         self.dir = args.peers_dir
         self.gguf_135m = args.gguf_135m
         self.sf_1b_weights = args.sf_1b_weights
+        self.sf_135m_model = args.sf_135m_model
+        self.sf_1b_model = args.sf_1b_model
 
     @property
     def genai_135m(self) -> Path | None:
         d = self.dir / "genai-135m" / "int4"
         return d if (d / "genai_config.json").is_file() else None
+
+    def sf_135m(self) -> list[str]:
+        """``sf-trt bench``'s arguments for the 135M model: ``--sf-135m-model``, else none (the default model's int8)."""
+        return [] if self.sf_135m_model is None else ["--model", str(self.need(self.sf_135m_model, "sf_trt's 135M export"))]
 
     @property
     def gguf_1b(self) -> Path:
@@ -115,7 +124,7 @@ class Models:
 
     @property
     def sf_1b(self) -> Path:
-        return self.dir / "1b" / f"sf-{self.sf_1b_weights}"
+        return self.sf_1b_model or self.dir / "1b" / f"sf-{self.sf_1b_weights}"
 
     @property
     def genai_1b(self) -> Path | None:
@@ -181,6 +190,8 @@ def peers_step(size: str, spin: bool, models: Models, args, work: Path, timeout:
         cmd += ["--prompts", str(prompts_file(PROMPTS_135M, None, args.max_tokens or TOKENS_135M, work / "prompts-135m.jsonl"))]
         if models.gguf_135m:
             cmd += ["--gguf", str(models.gguf_135m)]
+        if models.sf_135m():
+            cmd += ["--sf-trt-args", shlex.join(models.sf_135m()), "--sf-trt-model", str(models.sf_135m_model)]
         genai = models.genai_135m
         genai_where = models.dir / "genai-135m" / "int4"
     else:
@@ -230,7 +241,7 @@ def lanes_step(size: str, models: Models, args, work: Path, timeout: float) -> d
     """``sf-trt bench`` on the same 8 prompts with 8 lanes and with 1: the plain throughputs' ratio."""
     ids = tuple(json.loads(line)["id"] for line in BENCH_PROMPTS.read_text(encoding="utf-8").splitlines() if line.strip())[:LANES]
     if size == "135m":
-        prompts, extra = prompts_file(ids, None, args.max_tokens or TOKENS_135M // 2, work / "lanes-135m.jsonl"), []
+        prompts, extra = prompts_file(ids, None, args.max_tokens or TOKENS_135M // 2, work / "lanes-135m.jsonl"), models.sf_135m()
     else:
         sf = models.need(models.sf_1b, "sf_trt's 1.1B export")
         prompts, extra = prompts_file(ids, SHORT_CHARS, args.max_tokens or TOKENS_1B // 2, work / "lanes-1b.jsonl"), ["--model", str(sf)]
@@ -476,8 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--peers-dir", type=Path, default=Path("peers"),
                      help="the peers' models: genai-135m/int4, 1b/tinyllama-1.1b.Q4_K_M.gguf, 1b/sf-int8, 1b/genai-int4 (default ./peers)")
     run.add_argument("--gguf-135m", type=Path, help="SmolLM2-135M's GGUF (default: tools/bench_peers.py's, under $SF_TRT_CACHE)")
-    run.add_argument("--sf-1b-weights", default="int8", choices=("int8", "q4", "gguf", "float32"),
-                     help="which 1.1B export (1b/sf-WEIGHTS) sf_trt runs (default int8; gguf is what --weights auto picks for the Q4_K_M file)")
+    run.add_argument("--sf-1b-weights", default="int8", choices=("int8", "q4", "int4", "gguf", "float32"),
+                     help="which 1.1B export (1b/sf-WEIGHTS) sf_trt runs (default int8; gguf is what --weights auto picks for the Q4_K_M file; "
+                     "int4, from the F16 file, is genai's int4 form)")
+    run.add_argument("--sf-1b-model", type=Path, metavar="DIR", help="the 1.1B export sf_trt runs, instead of 1b/sf-WEIGHTS")
+    run.add_argument("--sf-135m-model", type=Path, metavar="DIR",
+                     help="the 135M export sf_trt runs (default: the default model's, int8; e.g. `sf-trt export --weights int4 --out DIR`)")
     run.add_argument("--sf-trt-cmd", required=True,
                      help="the sf-trt command line of the install being measured (its own venv's, not this interpreter's: "
                      "the peers' venv holds sf_trt only for its tokenizer)")

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Greedy tokens of a reduced-precision or quantized decoder against fp32's, on the bench prompts.
 
-    python tools/precision_agreement.py [--precision fp16] [--weights int8|q4] [--max-tokens 64] [--prompts FILE] [--json OUT]
+    python tools/precision_agreement.py [--precision fp16] [--weights int8|q4|int4|gguf] [--max-tokens 64] [--prompts FILE] [--json OUT]
+    SF_TRT_GGUF=gemma-3-270m-q4_k_m.gguf python tools/precision_agreement.py --weights int4   # another GGUF
+    python tools/precision_agreement.py --candidate DIR     # any model directory of the same model
 
-Exports the default model (SmolLM2-135M-Instruct, float32 weights) at fp32 and, as the
-candidate, at ``--precision`` (default fp16) or with ``--weights`` (int8, q4 or gguf, at fp32)
-into the cache (once), runs both on onnxruntime's CPU kernels, and for every prompt of
-``tools/prompts/bench.jsonl`` reports:
+Exports the default model (SmolLM2-135M-Instruct, or the GGUF ``$SF_TRT_GGUF`` names; float32
+weights) at fp32 and, as the candidate, at ``--precision`` (default fp16) or with ``--weights``
+(int8, q4, int4 or gguf, at fp32) into the cache (once), or opens ``--candidate``, runs both on
+onnxruntime's CPU kernels, and for every prompt of ``tools/prompts/bench.jsonl`` reports:
 
 * **free-running**: each model decodes greedily on its own; how many leading tokens
   are identical (a single flipped near-tie changes everything after it);
@@ -151,7 +153,9 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", choices=[p for p in PRECISIONS if p != "fp32"], default=None,
                     help="the candidate's compute precision, float32 weights (default fp16 unless --weights)")
     ap.add_argument("--weights", choices=[w for w in WEIGHT_DTYPES if w != "float32"], default=None,
-                    help="the candidate's weights instead, at fp32 (int8, q4, gguf)")
+                    help="the candidate's weights instead, at fp32 (int8, q4, int4, gguf)")
+    ap.add_argument("--candidate", type=Path, default=None, metavar="DIR",
+                    help="a model directory of the same model as the candidate instead (an export made another way)")
     ap.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
     ap.add_argument("--prompts", type=Path, default=BENCH_PROMPTS)
     ap.add_argument("--threads", type=int, default=None, help="onnxruntime threads (default: one per core)")
@@ -162,12 +166,15 @@ def main(argv=None) -> int:
     from sf_trt.export.pipeline import default_model_dir
     from sf_trt.tokenizer import Tokenizer
 
-    if args.weights and args.precision:
-        ap.error("--precision and --weights: give one (a quantized candidate computes at fp32)")
+    if sum(x is not None for x in (args.weights, args.precision, args.candidate)) > 1:
+        ap.error("--precision, --weights and --candidate: give one (a quantized candidate computes at fp32)")
     precision = "fp32" if args.weights else args.precision or "fp16"
     reference = default_model_dir(weight_dtype="float32", precision="fp32")
-    candidate = default_model_dir(weight_dtype=args.weights or "float32", precision=precision)
-    label = f"{args.weights} weights" if args.weights else precision
+    if args.candidate is not None:
+        candidate, label = args.candidate, str(args.candidate)
+    else:
+        candidate = default_model_dir(weight_dtype=args.weights or "float32", precision=precision)
+        label = f"{args.weights} weights" if args.weights else precision
     prompts = bench_prompt_ids(Tokenizer.load(reference), args.prompts)
     context = max(len(p) for _, p in prompts) + args.max_tokens + 1
     open_ = lambda d: OrtDecoderPrimitives(d, max_lanes=1, max_context=context, threads=args.threads)  # noqa: E731

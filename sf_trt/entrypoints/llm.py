@@ -60,7 +60,7 @@ class LLM:
 
     ``model``: None (the default model), a GGUF file, a model directory, or a
     :class:`~sf_trt.entrypoints.model.ModelSpec`; ``weights``: how a GGUF or the
-    default model is exported (``int8``, ``float32``, ``q4``, ``gguf``, or ``auto``, the default:
+    default model is exported (``int8``, ``float32``, ``q4``, ``int4``, ``gguf``, or ``auto``, the default:
     ``gguf`` for a GGUF of 1B+ parameters in 4-bit blocks on onnxruntime, else ``int8``). ``backend``: a backend
     name (``onnxruntime``, ``tensorrt``, ...) with ``threads``, ``engines`` and
     ``spin``, or a :class:`~sf_trt.backends.BackendSpec`. ``max_context``: positions per

@@ -44,7 +44,7 @@ from .files import STAMPS_NAME, DigestStamps
 
 __all__ = [
     "FORMAT_VERSION", "CONFIG_FILE", "GRAPH_FILE", "PASS_GRAPH_FILE", "DATA_FILE", "VERIFY_FILE",
-    "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "DEFAULT_WEIGHTS", "AUTO_WEIGHTS", "WEIGHT_CHOICES",
+    "INPUTS", "OUTPUTS", "PASS_OUTPUTS", "CACHE_INPUTS", "PADDING_POSITION", "WEIGHT_DTYPES", "NBITS_WEIGHT_DTYPES", "DEFAULT_WEIGHTS", "AUTO_WEIGHTS", "WEIGHT_CHOICES",
     "PRECISIONS", "DEFAULT_PRECISION", "PRECISION_KEY", "graph_precision",
     "MAX_CONTEXT_LENGTH", "cache_names", "config_digest", "made_by_export", "LlamaConfig", "ModelDir",
     "ModelDirError",
@@ -75,7 +75,9 @@ CACHE_INPUTS = ("pass", "slots")
 """The decoder's two forms, by how the KV caches come in (see ``sf_trt.export.decoder_graph``)."""
 PADDING_POSITION = "max_context"
 """Padding rows sit at position ``max_context``: the cache's trash slot."""
-WEIGHT_DTYPES = ("float32", "int8", "q4", "gguf")
+WEIGHT_DTYPES = ("float32", "int8", "q4", "int4", "gguf")
+NBITS_WEIGHT_DTYPES = ("q4", "int4", "gguf")
+"""The weight dtypes held in onnxruntime's contrib ``MatMulNBits`` (a model directory for onnxruntime only)."""
 DEFAULT_WEIGHTS = "int8"
 """What the CPU path exports unless ``auto`` finds a better form: a quarter of the weight bytes per
 pass, rows still exact."""

@@ -29,7 +29,10 @@ def test_tiny_int8_rows_are_exact_in_any_pass(tiny_int8_model_dir, schedules, op
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("optimization", ["disable", "basic", "extended", "all"])
-@pytest.mark.parametrize("export", ["tiny_q4_model_dir", "tiny_mixed_q4_model_dir", "tiny_mixed_gguf_model_dir"], ids=["q4-requantized", "q4-mixed", "gguf"])
+@pytest.mark.parametrize(
+    "export", ["tiny_q4_model_dir", "tiny_mixed_q4_model_dir", "tiny_mixed_gguf_model_dir", "tiny_mixed_int4_model_dir"],
+    ids=["q4-requantized", "q4-mixed", "gguf", "int4"],
+)
 def test_tiny_q4_rows_are_exact_in_any_pass(export, schedules, optimization, threads, request):
     """MatMulNBits, int8 compute, in every form the q4 export makes: 4-bit matrices requantized
     with zero points; Q4_0, Q4_1 and Q4_K blocks carried (Q4_1's and Q4_K's offsets), mixed in one
@@ -167,7 +170,7 @@ def test_real_model_rows_are_exact_in_any_pass(real_prims, schedules, real_token
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir", "real_q4_model_dir"])
+@pytest.mark.parametrize("export", ["real_int8_model_dir", "real_fp16_model_dir", "real_q4_model_dir", "real_int4_model_dir"])
 def test_real_int8_and_fp16_models_rows_are_exact(export, schedules, real_tokenizer, request):
     with OrtDecoderPrimitives(request.getfixturevalue(export), max_lanes=3, max_context=128) as prims:
         tok = real_tokenizer

@@ -104,6 +104,34 @@ def test_quantized_graph_computes_its_quantized_weights(tiny, weight_dtype, requ
     assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
 
 
+def test_int4_graph_requantizes_every_matrix_and_the_lm_head(tiny_mixed_q4, tiny_mixed_int4_model_dir):
+    """``weights="int4"``: the Q4_0, Q4_1 and Q4_K blocks a q4 export carries are requantized like every
+    other matrix, so no matrix has offsets (no float32 ``MatMul`` of block sums, no Split, no Sum): one
+    4-bit ``MatMulNBits`` per matrix with its zero points, the lm_head too (untied from the embedding's
+    Q8_0 table, which the embedding still gathers); the model computes within about 1% of the values
+    they hold."""
+    from sf_trt.export.quantize import q4_weights, requantize_4bit
+
+    cfg, weights = tiny_mixed_q4
+    graph = onnx.load(str(tiny_mixed_int4_model_dir / "decoder.onnx"))
+    inits = {t.name for t in graph.graph.initializer}
+    nbits = [n for n in graph.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 4 * cfg.n_layers + 1 and {onnx.helper.get_attribute_value(a) for n in nbits for a in n.attribute if a.name == "bits"} == {4}
+    assert not [i for i in inits if i.endswith(".offset")] and {"lm_head.zero", "tok_embd.q8"} <= inits
+    assert not [n for n in graph.graph.node if n.op_type == "Sum" or n.name.endswith("_offsets")]
+    held = q4_weights(weights, "int4")
+    for i, layer in enumerate(weights.layers):  # carried blocks too: requantized from their values
+        for f in ("wq", "w_gate", "w_down"):
+            np.testing.assert_array_equal(getattr(held.layers[i], f), requantize_4bit(getattr(layer, f)).dequantize())
+    np.testing.assert_array_equal(held.lm_head, requantize_4bit(weights.output_matrix()).dequantize())
+    with OrtDecoderPrimitives(tiny_mixed_int4_model_dir, max_lanes=1, max_context=64) as p:
+        got = p.forward(rows(0, 0, SEQ[:24]))
+        assert p.weight_dtype == "int4"
+    want = reference_forward(cfg, held, SEQ[:24])
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+    assert np.mean(got.argmax(axis=1) == want.argmax(axis=1)) >= 0.9
+
+
 def test_q4_graph_of_mixed_blocks_computes_their_values(tiny_mixed_q4, tiny_mixed_q4_model_dir):
     """Q4_0, Q4_1 and Q4_K blocks carried and float matrices requantized, mixed in one fused matrix:
     one MatMulNBits per matrix, with zero points where a requantized part is in it and offsets where

@@ -134,7 +134,7 @@ def test_processes_sharing_the_cache_export_the_default_model_once(tmp_path):
     assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [os.path.basename(path)]  # nothing beside it
 
 
-@pytest.mark.parametrize("weights", ["q4", "gguf"])
+@pytest.mark.parametrize("weights", ["q4", "int4", "gguf"])
 def test_q4_weights_on_dimensions_that_are_not_whole_blocks_get_one_line(tmp_path, weights):
     """Once a ValueError traceback: an ffn of 100 cannot be held in 4-bit blocks of 32. The one line
     names the matrix, its shape and the block."""
@@ -178,6 +178,33 @@ def test_q4_export_of_a_gguf_with_mixed_block_types_carries_its_4_bit_blocks(tmp
         got = p.forward(rows(0, 0, SEQ[:24]))
     want = reference_forward(cfg, held, SEQ[:24])
     np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+
+
+def test_int4_export_of_a_4_bit_gguf_says_it_rounds_the_file_s_blocks_again(tmp_path):
+    """``--weights int4`` on a GGUF with Q4_0 and Q4_1 layer matrices: one progress line names the 4-bit
+    types it requantizes and where to keep them (``--weights gguf``); the model directory records int4
+    and computes the requantized values, the lm_head's too. A GGUF without 4-bit blocks gets no such line."""
+    from cli_run import sf_trt
+    from rows import SEQ
+
+    from sf_trt.export.gguf_llama import load_gguf
+    from sf_trt.export.quantize import q4_weights
+
+    write_tiny_gguf(tmp_path / "q4.gguf", types={"attn_q.weight": "Q4_0", "ffn_gate.weight": "Q4_1"})
+    env = {"SF_TRT_CACHE": str(tmp_path / "cache")}
+    proc = sf_trt("export", "--gguf", str(tmp_path / "q4.gguf"), "--out", str(tmp_path / "m"), "--weights", "int4", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert ("sf_trt: --weights int4 requantizes the file's Q4_0, Q4_1 blocks too, rounding their values a second time "
+            "(--weights gguf keeps them as they are; tools/q4_error.py --weights int4 measures by how much)") in proc.stderr.splitlines()
+    assert ModelDir.open(tmp_path / "m").weights == "int4"
+    cfg, weights = load_gguf(tmp_path / "q4.gguf")
+    with OrtDecoderPrimitives(tmp_path / "m", max_lanes=1, max_context=64) as p:
+        got = p.forward(rows(0, 0, SEQ[:24]))
+    want = reference_forward(cfg, q4_weights(weights, "int4"), SEQ[:24])
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+    write_tiny_gguf(tmp_path / "f32.gguf")
+    proc = sf_trt("export", "--gguf", str(tmp_path / "f32.gguf"), "--out", str(tmp_path / "f"), "--weights", "int4", env=env)
+    assert proc.returncode == 0 and "a second time" not in proc.stderr, proc.stderr
 
 
 def test_gguf_weights_hold_every_matrix_in_its_own_blocks(tmp_path):

@@ -304,7 +304,7 @@ REFUSED = {
         _matmul_nbits, "l0_q_proj",
         "error: l0_q_proj (MatMulNBits): onnxruntime-only (MatMulNBits is a contrib op); export int8, fp16 or bf16 for TensorRT; "
         "expected a default-domain MatMul: `sf-trt export --weights int8` (or `--weights float32 --precision fp16|bf16`); "
-        "a q4 or gguf model directory runs on onnxruntime only",
+        "a q4, int4 or gguf model directory runs on onnxruntime only",
     ),
 }
 

@@ -76,6 +76,22 @@ def test_bytes_per_token_count_every_weight_a_pass_reads_but_gathered_tables(loa
     assert np.dtype(weights.tok_embd.dtype) == np.float32
 
 
+def test_bytes_per_token_leave_out_a_table_gathered_through_a_reshape(load_tool, tiny_mixed_int4_model_dir):
+    """A 4-bit graph's embedding is a Q8_0 table and its block scales, the scales reshaped to ``[V, nb, 1]``
+    before the Gather: a pass reads a row of each, so neither counts as read per token (the lm_head's
+    own matrix does)."""
+    import onnx
+    from onnx import numpy_helper
+
+    bench_peers = load_tool("bench_peers")
+    graph = tiny_mixed_int4_model_dir / "decoder_pass.onnx"
+    got = bench_peers.onnx_bytes_per_token(graph)
+    inits = {i.name: numpy_helper.to_array(i, base_dir=str(tiny_mixed_int4_model_dir)).nbytes for i in onnx.load(str(graph)).graph.initializer}
+    assert got["bytes_per_token"] + got["gathered_tables_bytes"] == sum(inits.values())
+    assert got["gathered_tables_bytes"] >= inits["tok_embd.q8"] + inits["tok_embd.scale"]
+    assert got["bytes_per_token"] >= inits["lm_head.q4"] + inits["lm_head.scale"]
+
+
 def test_the_triad_reports_the_bytes_it_moved(load_tool):
     bench_peers = load_tool("bench_peers")
     probe = bench_peers.machine_bandwidth(2, 1)
