@@ -40,7 +40,7 @@ def llm(real_int8_model_dir):
     (lambda: sf_trt.LLM(max_num_seqs=0), Status.BAD_ARGUMENT, "LLM: max_num_seqs must be an int >= 1 (got 0)"),
     (lambda: sf_trt.LLM(speculate="eagle"), Status.BAD_ARGUMENT, "LLM: unknown drafter 'eagle' (known: none, prompt-lookup, suffix)"),
     (lambda: ModelSpec(path="a", gguf="b.gguf"), Status.BAD_ARGUMENT, "ModelSpec: one of a model directory, a GGUF or a checkpoint, not more (got path a and gguf b.gguf)"),
-    (lambda: ModelSpec(weights="int4"), Status.BAD_ARGUMENT, "ModelSpec: weights 'int4' unknown (known: auto, float32, int8, q4, gguf)"),
+    (lambda: ModelSpec(weights="nf4"), Status.BAD_ARGUMENT, "ModelSpec: weights 'nf4' unknown (known: auto, float32, int8, q4, int4, gguf)"),
     (lambda: sf_trt.BackendSpec(threads=0), Status.BAD_ARGUMENT, "BackendSpec: threads must be None or an int >= 1 (got 0)"),
     (lambda: _prompt_list([]), Status.BAD_ARGUMENT, "generate: prompts must be text, token ids or a non-empty list of either (got [])"),
     (lambda: _prompt_list(["a", 3.5]), Status.BAD_ARGUMENT, "generate: prompt 1 must be text or a list of token ids (got 3.5)"),
