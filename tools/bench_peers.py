@@ -415,9 +415,10 @@ def sf_trt_spins() -> bool:
 
 
 def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: bool, timeout: float,
-               extra: list[str] | tuple[str, ...] = ()) -> tuple[dict | None, str]:
+               extra: list[str] | tuple[str, ...] = (), repeats: int = 1) -> tuple[dict | None, str]:
     """Run ``sf-trt bench --prompts FILE --json`` on exactly ``prompts``, with ``extra`` (``--sf-trt-args``:
-    e.g. ``--model DIR``) after ``bench``; (its JSON or None, a note)."""
+    e.g. ``--model DIR``) after ``bench`` and ``--repeats`` where more than one (the fastest of them
+    counts, as for the peers); (its JSON or None, a note)."""
     try:
         helptext = subprocess.run(cmd + ["bench", "--help"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -435,6 +436,10 @@ def run_sf_trt(cmd: list[str], prompts: list[dict], threads: int, allow_eos: boo
         full += ["--threads", str(threads)]
     if not allow_eos and "--ignore-eos" in options:  # exactly max_tokens tokens, as the HF runs
         full += ["--ignore-eos"]
+    if repeats > 1:
+        if "--repeats" not in options:
+            return None, f"`{shlex.join(cmd)} bench` has no --repeats (an older sf-trt): run with --repeats 1"
+        full += ["--repeats", str(repeats)]
     if sf_trt_spins() and "--spin" in options:  # the threads wait as llama.cpp's OpenMP threads do
         full += ["--spin"]
     say(f"running {shlex.join(full)}")
@@ -783,7 +788,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-eos", action="store_true", help="let EOS end a run early (default: exactly max_tokens new tokens)")
     ap.add_argument("--lookup-tokens", type=int, default=10, help="draft tokens of each peer's prompt lookup (default 10)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed warmup runs of each mode before measuring (default 1)")
-    ap.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and mode; the fastest counts (default 1)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per prompt and mode, sf-trt's too; the fastest counts (default 1)")
     ap.add_argument("--only", action="append", metavar="ID", help="run only this prompt id (repeatable)")
     ap.add_argument("--prompt-ids", choices=("auto", "sf_trt", "hf"), default="auto",
                     help="whose prompt token ids every peer is fed: sf_trt's tokenizer (auto: when importable) or HF's chat template")
@@ -961,7 +966,7 @@ class SfTrtTurns:
 
     def __call__(self, prompt: dict) -> None:
         doc, note = run_sf_trt(self.cmd, [prompt], self.args.threads, self.args.allow_eos, self.args.sf_trt_timeout,
-                               shlex.split(self.args.sf_trt_args))
+                               shlex.split(self.args.sf_trt_args), repeats=self.args.repeats)
         if doc is None:
             self.notes.append(f"{prompt['id']}: {note}")
             return

@@ -28,6 +28,9 @@ short keeps what it measured:
 * ``bandwidth``: the triad alone (tools/bench_peers.py's), for the record; the fractions come from
   each peers step's own probe, right after its runs.
 
+``--repeats N`` times each prompt and mode N times on every engine (``sf-trt bench --repeats``
+too) and counts the fastest: on a shared machine one run's ratios move by ±10%.
+
 sf_trt's exports: at 135M the default model's int8 unless ``--sf-135m-model DIR``; at 1.1B
 ``--peers-dir``/1b/sf-WEIGHTS (``--sf-1b-weights``, default int8) unless ``--sf-1b-model DIR``.
 
@@ -75,6 +78,12 @@ ESTIMATES = {
     "lanes-135m": 40, "lanes-1b": 90, "memory-1b": 30, "bandwidth": 10,
 }
 STEPS = tuple(ESTIMATES)
+
+
+def estimate(name: str, repeats: int = 1) -> float:
+    """Seconds step ``name`` should take with ``repeats`` timed runs of each prompt (the peers' and lanes'
+    runs repeat; their model loads and warmups do not, so this is an upper bound)."""
+    return ESTIMATES[name] * (repeats if name.startswith(("peers-", "lanes-")) else 1)
 
 # the issue's Targets: (key, the target as the issue words it, threshold, "ge" or "le")
 TARGETS = {
@@ -184,7 +193,7 @@ def run_process(cmd: list[str], timeout: float, env: dict[str, str] | None = Non
 def peers_step(size: str, spin: bool, models: Models, args, work: Path, timeout: float) -> dict[str, Any]:
     """tools/bench_peers.py with every engine there is, at ``size``, threads spinning or sleeping."""
     cmd = [sys.executable, str(TOOLS / "bench_peers.py"), "--threads", str(args.threads), "--sf-trt", "--sf-trt-cmd", args.sf_trt_cmd,
-           "--warmup", "1", "--json", str(work / f"peers-{size}-{'spin' if spin else 'sleep'}.json")]
+           "--warmup", "1", "--repeats", str(args.repeats), "--json", str(work / f"peers-{size}-{'spin' if spin else 'sleep'}.json")]
     peers, notes = ["llama.cpp"], []
     if size == "135m":
         cmd += ["--prompts", str(prompts_file(PROMPTS_135M, None, args.max_tokens or TOKENS_135M, work / "prompts-135m.jsonl"))]
@@ -228,7 +237,7 @@ def peers_step(size: str, spin: bool, models: Models, args, work: Path, timeout:
 def sf_bench(args, prompts: Path, extra: list[str], timeout: float) -> dict[str, Any]:
     """One ``sf-trt bench --json`` run on ``prompts`` (tools/bench_peers.py's runner)."""
     rows = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
-    doc, note = bench_peers.run_sf_trt(shlex.split(args.sf_trt_cmd), rows, args.threads, False, timeout, extra)
+    doc, note = bench_peers.run_sf_trt(shlex.split(args.sf_trt_cmd), rows, args.threads, False, timeout, extra, repeats=args.repeats)
     if doc is None:
         raise RuntimeError(note)
     return {"command": note, "throughput_tokens_per_s": doc.get("throughput_tokens_per_s"),
@@ -280,7 +289,7 @@ def bandwidth_step(args) -> dict[str, Any]:
 
 
 def run_step(name: str, models: Models, args, work: Path) -> dict[str, Any]:
-    timeout = args.step_timeout or 3 * ESTIMATES[name]
+    timeout = args.step_timeout or 3 * estimate(name, args.repeats)
     try:
         if name.startswith("peers-"):
             _, size, policy = name.split("-")
@@ -301,12 +310,15 @@ def cmd_run(args) -> int:
     if shutil.which(shlex.split(args.sf_trt_cmd)[0]) is None and not Path(shlex.split(args.sf_trt_cmd)[0]).is_file():
         print(f"bench_targets: --sf-trt-cmd {args.sf_trt_cmd!r}: no such command", file=sys.stderr)
         return 2
-    estimate = sum(ESTIMATES[s] for s in steps)
-    say(f"steps {', '.join(steps)}: about {estimate / 60:.1f} min on a quiet 2-core machine "
+    if args.repeats < 1:
+        print(f"bench_targets: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
+        return 2
+    total = sum(estimate(s, args.repeats) for s in steps)
+    say(f"steps {', '.join(steps)}: about {total / 60:.1f} min on a quiet 2-core machine "
         f"(each cut off after {'%.0f s' % args.step_timeout if args.step_timeout else '3x its estimate'})")
     models = Models(args)
     doc: dict[str, Any] = {"tool": "tools/bench_targets.py", "threads": args.threads, "max_tokens": args.max_tokens, "peers_dir": str(args.peers_dir),
-                           "sf_trt_cmd": args.sf_trt_cmd, "cpu_count": os.cpu_count(), "estimate_s": estimate, "steps": {}}
+                           "sf_trt_cmd": args.sf_trt_cmd, "cpu_count": os.cpu_count(), "estimate_s": total, "repeats": args.repeats, "steps": {}}
     failed = False
     with tempfile.TemporaryDirectory(prefix="bench_targets_") as tmp:
         work = Path(tmp)
@@ -499,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of every engine (default: all cores)")
     run.add_argument("--max-tokens", type=int, help="new tokens per prompt of every step (default: each step's own, "
                      f"{TOKENS_135M} at 135M, {TOKENS_1B} at 1.1B, half of that in the lanes steps); a smaller number for a quick check")
+    run.add_argument("--repeats", type=int, default=1, help="timed runs of each prompt and mode on every engine, the fastest "
+                     "counted (default 1; 3 steadies a shared machine's ratios, at about 2x each step's time)")
     run.add_argument("--step-timeout", type=float, help="seconds each step may take (default: 3x its estimate)")
     run.add_argument("--bandwidth-mib", type=int, default=64, help="MiB per array of the bandwidth step's triad (default 64)")
     run.add_argument("--json", dest="json_path", type=Path, default=Path("bench_targets.json"), help="write here (default bench_targets.json)")

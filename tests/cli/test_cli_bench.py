@@ -74,3 +74,33 @@ def test_the_decode_only_rate_is_left_out_where_the_run_is_nearly_all_prefill():
     assert _decode_rate(10, 1.0, 0.5) == pytest.approx(20.0)
     assert _decode_rate(10, 1.0, 1.0 - DECODE_SHARE_MIN) is None
     assert _decode_rate(10, 1.0, 1.2) is None
+
+
+def test_repeats_count_the_fastest_run_and_check_every_repeat_gives_the_same_tokens(tmp_path, monkeypatch, capsys):
+    """``--repeats 3``: each group runs three times, plain, speculative and its prefill alike; the report
+    counts the fastest of each and says every repeat of a request gave the same tokens (sampled here, so
+    the seed keys them), and its requests end as a single run's do; 0 repeats is refused."""
+    from tiny_gguf import write_tiny_gguf
+
+    from sf_trt.cli import main
+
+    write_tiny_gguf(tmp_path / "t.gguf", context_length=128)
+    monkeypatch.setenv("SF_TRT_CACHE", str(tmp_path / "cache"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt_ids": [5, 6, 7, 5, 6, 7, 5][: 4 + i], "max_tokens": 12}) + "\n" for i in range(3)))
+    reports = {}
+    for repeats in (1, 3):
+        args = ["bench", "--prompts", str(prompts), "--gguf", str(tmp_path / "t.gguf"), "--lanes", "2", "--temperature", "0.8",
+                "--seed", "3", "--ignore-eos", "--json", "--repeats", str(repeats)]
+        assert main(args) == 0
+        reports[repeats] = json.loads(capsys.readouterr().out)
+    assert reports[3]["settings"]["repeats"] == 3 and reports[1]["settings"]["repeats"] == 1
+    for r in reports[3]["results"]:
+        assert r["identical"] is True and r["repeats_identical"] is True and r["plain"]["tokens"] == 12
+    assert [r["id"] for r in reports[3]["results"]] == ["p0", "p1", "p2"]
+    assert reports[3]["prefill_seconds"] > 0 and reports[3]["throughput_tokens_per_s"]["plain"] > 0
+    assert [(r["spec"]["tokens"], r["spec"]["finish"], r["spec"]["accepted"]) for r in reports[3]["results"]] == [
+        (r["spec"]["tokens"], r["spec"]["finish"], r["spec"]["accepted"]) for r in reports[1]["results"]]
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--prompts", str(prompts), "--repeats", "0"])
+    assert exit_.value.code == 2 and "argument --repeats: expected repeats in 1..100, got 0" in capsys.readouterr().err

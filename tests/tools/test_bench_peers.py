@@ -54,6 +54,32 @@ def test_sf_trt_runs_with_its_threads_waiting_as_llama_cpps_do(load_tool, tmp_pa
     assert argv[argv.index("--threads") + 1] == "2" and "--ignore-eos" in argv
 
 
+@pytest.mark.parametrize("has_repeats", [True, False])
+def test_sf_trt_repeats_as_the_peers_do_or_the_run_says_its_sf_trt_cannot(load_tool, tmp_path, has_repeats):
+    """``repeats`` > 1 reaches ``sf-trt bench --repeats`` (the fastest of them counts there, as for the
+    peers); an sf-trt whose bench has no --repeats is not run, and the note says so."""
+    import json
+    import sys
+
+    script = tmp_path / "fake_sf_trt.py"
+    script.write_text(
+        "import json, sys\n"
+        "if sys.argv[1:3] == ['bench', '--help']:\n"
+        f"    print('--threads --ignore-eos{' --repeats' if has_repeats else ''}')\n"
+        "else:\n"
+        f"    open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+        "    print(json.dumps({'results': []}))\n"
+    )
+    bench_peers = load_tool("bench_peers")
+    doc, note = bench_peers.run_sf_trt([sys.executable, str(script)], [{"id": "a", "prompt_ids": [1, 2], "max_tokens": 1}], 2, False, 60,
+                                       repeats=3)
+    if has_repeats:
+        argv = json.loads((tmp_path / "argv.json").read_text())
+        assert doc == {"results": []} and argv[argv.index("--repeats") + 1] == "3"
+    else:
+        assert doc is None and "has no --repeats" in note and not (tmp_path / "argv.json").exists()
+
+
 def test_bytes_per_token_count_every_weight_a_pass_reads_but_gathered_tables(load_tool, tiny_int8_model_dir, tmp_path):
     """sf_trt's int8 graph: everything but the float32 embedding (a pass gathers a row of it) is read per token;
     the tiny GGUF (tied: no output.weight) reads every tensor, its embedding as the output matrix."""
