@@ -140,6 +140,9 @@ def export_model_dir(
         raise ValueError(f"export_model_dir: weight_dtype {weight_dtype!r} unknown (known: {', '.join(WEIGHT_DTYPES)})")
     if precision not in PRECISIONS:
         raise ValueError(f"export_model_dir: precision {precision!r} unknown (known: {', '.join(PRECISIONS)})")
+    if weight_dtype in NBITS_WEIGHT_DTYPES and precision != DEFAULT_PRECISION:
+        raise ExportError(f"--weights {weight_dtype} --precision {precision}: {weight_dtype} weights compute in onnxruntime's "
+                          f"MatMulNBits at {DEFAULT_PRECISION}; --precision {precision} is for --weights float32 or int8")
     out = Path(out_dir)
     say = _say if progress else (lambda msg: None)
     sweep_stale(out)  # what killed exports to this place left behind

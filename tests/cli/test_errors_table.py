@@ -204,6 +204,7 @@ CASES: dict[str, Callable[[Workspace], list[str]]] = {
     "a tensor the family needs, missing": lambda w: ["generate", "--gguf", str(w.gguf(family_name="qwen3", skip=("blk.1.attn_k_norm.weight",))), "--prompt", "the"],
     "rope scaling not computed": lambda w: ["generate", "--gguf", str(w.gguf(meta={"rope_scaling_type": "yarn"})), "--prompt", "the"],
     "q4 on dims not whole blocks": lambda w: ["generate", "--gguf", str(w.gguf(shape={"ffn": 100})), "--prompt", "the", "--weights", "q4"],
+    "4-bit weights below fp32": lambda w: ["export", "--gguf", str(w.gguf()), "--out", str(w.tmp / "m16"), "--weights", "int4", "--precision", "fp16"],
     # checkpoint directories
     "no such checkpoint": lambda w: (w.subs.update({"<DIR>": str(w.tmp / "none")}), ["generate", "--hf", str(w.tmp / "none"), "--prompt", "the"])[1],
     "another model type": _another_model_type,
