@@ -61,6 +61,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Terminated as exc:
         _say(f"{exc}; unfinished files removed")
         return exc.code
+    except MemoryError:
+        _say(f"out of memory in `sf-trt {args.command}`: the model or the request asks for more than this process "
+             "can have (a damaged model file can ask for any amount)")
     except KeyboardInterrupt:
         print(file=sys.stderr)
         _say("interrupted")

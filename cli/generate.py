@@ -109,8 +109,9 @@ def cmd_generate(args) -> int:
         }))
     else:
         sys.stdout.write(stream.flush() + "\n")
-        print(f"[{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, finish {res.finish.name.lower()}, "
-              f"drafts {res.accepted}/{res.proposed} accepted]", file=sys.stderr)
+        if res.finish != Finish.ERROR:  # a failed run's one line is its refusal, below
+            print(f"[{len(res.tokens)} tokens, {res.tokens_per_s:.1f} tok/s, finish {res.finish.name.lower()}, "
+                  f"drafts {res.accepted}/{res.proposed} accepted]", file=sys.stderr)
     if res.finish == Finish.ERROR:
         print(f"sf-trt: generation failed after {len(res.tokens)} tokens: {res.error}", file=sys.stderr)
         return 1

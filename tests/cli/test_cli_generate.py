@@ -244,3 +244,20 @@ def test_generate_on_the_default_model_peaks_within_the_memory_budget(real_int8_
     assert len(json.loads(proc.stdout)["tokens"]) == 192
     peak_mb = measured["max_rss_kb"] / 1024  # kilobytes on Linux
     assert peak_mb <= PEAK_RSS_BUDGET_MB, f"peak RSS {peak_mb:.0f} MB, budget {PEAK_RSS_BUDGET_MB} MB"
+
+
+def test_running_out_of_memory_is_one_line_naming_the_command(monkeypatch, capsys):
+    """A MemoryError (a damaged model file can ask for any amount; tests/cli/test_fuzz_files.py caps each
+    case's address space so one gets this instead of the OOM killer) is refused in one line, exit 1."""
+    import sf_trt.cli
+    import sf_trt.cli.export
+
+    def greedy(_args):
+        raise MemoryError
+
+    monkeypatch.setattr(sf_trt.cli.export, "cmd_export", greedy)
+    assert sf_trt.cli.main(["export"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "sf-trt: out of memory in `sf-trt export`: the model or the request asks for more than this process can have "
+        "(a damaged model file can ask for any amount)"
+    )

@@ -16,6 +16,7 @@ import collections
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import tempfile
@@ -47,15 +48,31 @@ def _alarm(_signum, _frame):
     raise Hang(f"a case ran past {CASE_SECONDS}s")
 
 
+CASE_MEMORY_BYTES = 6 << 30
+"""The most address space a case may add to the process: a damaged file that asks for more gets a
+MemoryError (the command line's "out of memory" refusal) instead of the kernel's OOM killer, which
+once took a whole CI run down in this file (a 24 GB process, the case not found again in 16,000)."""
+
+
+def _address_space() -> int:
+    """This process's mapped bytes (``VmSize``)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:
-    """``sf_trt.cli.main(argv)`` with a time limit: (exit code, stderr)."""
+    """``sf_trt.cli.main(argv)`` with a time limit and an address-space limit: (exit code, stderr)."""
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = _address_space() + CASE_MEMORY_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
     try:
         code = sf_trt.cli.main(argv)
     except SystemExit as exc:
         code = exc.code
     finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     return code, capsys.readouterr().err
