@@ -166,10 +166,11 @@ def bench(args) -> dict:
     for lo in range(0, len(requests), args.lanes):
         group = requests[lo : lo + args.lanes]
         fastest: dict[str, tuple[float, list]] = {}  # label -> (seconds, results) of its fastest repeat
+        group_prefill_s = float("inf")
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             gen.run([dataclasses.replace(r, speculate=False, params=dataclasses.replace(r.params, max_tokens=1)) for r in group])
-            fastest["prefill"] = min(fastest.get("prefill", (float("inf"), [])), (time.perf_counter() - t0, []), key=lambda x: x[0])
+            group_prefill_s = min(group_prefill_s, time.perf_counter() - t0)
             for label, speculate in (("plain", False), ("spec", True)):
                 t0 = time.perf_counter()
                 results = gen.run([dataclasses.replace(r, speculate=speculate) for r in group])
@@ -179,7 +180,7 @@ def bench(args) -> dict:
                                           if (a.tokens, a.finish) != (b.tokens, b.finish))
                 if secs < fastest.get(label, (float("inf"),))[0]:
                     fastest[label] = (secs, results)
-        prefill_s += fastest["prefill"][0]
+        prefill_s += group_prefill_s
         for label in ("plain", "spec"):
             done, secs = runs[label]
             runs[label] = (done + fastest[label][1], secs + fastest[label][0])

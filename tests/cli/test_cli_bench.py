@@ -104,3 +104,45 @@ def test_repeats_count_the_fastest_run_and_check_every_repeat_gives_the_same_tok
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--prompts", str(prompts), "--repeats", "0"])
     assert exit_.value.code == 2 and "argument --repeats: expected repeats in 1..100, got 0" in capsys.readouterr().err
+
+
+def test_a_repeat_that_gives_other_tokens_fails_the_bench_naming_the_request(tmp_path, monkeypatch, capsys):
+    """``--repeats``: a repeat whose tokens differ from the first run's (a backend that is not deterministic;
+    here a stand-in Generator drops the last token of the second plain run of the first prompt) makes the
+    request not identical and the bench exit 1 with a line naming it, apart from a spec/plain difference."""
+    import dataclasses
+
+    from tiny_gguf import write_tiny_gguf
+
+    import sf_trt.cli.bench
+    from sf_trt.cli import main
+
+    real_generator = sf_trt.cli.bench.generator
+    plain_runs = {"n": 0}
+
+    def generator(prims, args, **kw):
+        gen = real_generator(prims, args, **kw)
+        run = gen.run
+
+        def changed_run(requests, *a, **k):
+            results = run(requests, *a, **k)
+            if all(not r.speculate and r.params.max_tokens > 1 for r in requests):
+                plain_runs["n"] += 1
+                if plain_runs["n"] == 2:  # the first group's second plain run
+                    results[0] = dataclasses.replace(results[0], tokens=results[0].tokens[:-1])
+            return results
+
+        gen.run = changed_run
+        return gen
+
+    monkeypatch.setattr(sf_trt.cli.bench, "generator", generator)
+    write_tiny_gguf(tmp_path / "t.gguf", context_length=128)
+    monkeypatch.setenv("SF_TRT_CACHE", str(tmp_path / "cache"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt_ids": [5, 6, 7, 5, 6][: 4 + i], "max_tokens": 8}) + "\n" for i in range(2)))
+    code = main(["bench", "--prompts", str(prompts), "--gguf", str(tmp_path / "t.gguf"), "--ignore-eos", "--json", "--repeats", "2"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert code == 1
+    assert [(r["id"], r["repeats_identical"], r["identical"]) for r in report["results"]] == [("p0", False, False), ("p1", True, True)]
+    assert captured.err.strip().splitlines()[-1] == "sf-trt: a repeat of the same request gave other tokens on p0"
